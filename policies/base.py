@@ -1,0 +1,81 @@
+"""The policy seam: the engine describes each step in plain views; a policy answers with decisions.
+
+Policies never see models, caches or tensors, only these dataclasses, so they can be
+unit-tested and simulated without an engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+ProposerName = Literal["draft", "ngram"]
+PROPOSERS: tuple[str, ...] = ("draft", "ngram")
+OverrideMode = Literal["auto", "off", "draft", "ngram"]
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """What the policy may know about one running (decoding) request this step."""
+
+    request_id: str
+    temperature: float
+    num_output_tokens: int
+    max_k: int  # hard cap from the engine: k_max, the request's override and the sequence-length guard
+    ngram_match_len: int  # length of the n-gram the prompt-lookup proposer matched now (0 = no match)
+    override_mode: OverrideMode = "auto"  # the request's own `speculation.mode`
+    draft_available: bool = True  # False when the engine has no draft model
+
+
+@dataclass(frozen=True)
+class BatchView:
+    requests: tuple[RequestView, ...]
+    num_waiting: int = 0
+    num_prefill_tokens: int = 0  # tokens of prefill chunks sharing this step
+
+
+@dataclass(frozen=True)
+class Decision:
+    """k = 0 means plain decode (proposer is then ignored)."""
+
+    k: int
+    proposer: ProposerName = "draft"
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """The result of one speculation round of one request."""
+
+    request_id: str
+    proposer: ProposerName
+    temperature: float
+    num_drafted: int
+    num_accepted: int
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Measured wall time of one engine step, for the online cost model."""
+
+    batch_size: int  # requests in the verification/decode forward pass
+    num_tokens: int  # tokens fed to the target in that pass (decode + drafts + prefill)
+    target_seconds: float
+    num_draft_tokens: int = 0  # tokens the draft model produced (for its per-token cost)
+    draft_seconds: float = 0.0
+    num_draft_requests: int = 0  # batch size of the draft model's forward passes
+
+
+class SpeculationPolicy(Protocol):
+    name: str
+
+    def decide(self, batch: BatchView) -> list[Decision]:
+        """One decision per request in ``batch.requests``, same order."""
+        ...
+
+    def observe(self, outcome: RoundOutcome) -> None: ...
+
+    def observe_step(self, timing: StepTiming) -> None: ...
+
+    def forget(self, request_id: str) -> None:
+        """The request finished or was aborted: drop its state."""
+        ...
