@@ -173,3 +173,15 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] | None = None
     spec: SpecStats | None = None
+
+
+@dataclass(frozen=True)
+class EngineHealth:
+    """A cheap snapshot for /health, /ready and the gauges."""
+
+    ready: bool
+    loop_alive: bool
+    num_running: int
+    num_waiting: int
+    kv_used_blocks: int
+    kv_total_blocks: int

@@ -133,7 +133,8 @@ def save_tokenizer(tok, out_dir: Path) -> None:
     cfg_path = out_dir / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    cfg.pop("is_local", None)
+    for stray in ("is_local", "local_files_only", "backend"):
+        cfg.pop(stray, None)
     extra = cfg.pop("extra_special_tokens", None)
     if extra and "additional_special_tokens" not in cfg:
         cfg["additional_special_tokens"] = list(extra)

@@ -1,0 +1,332 @@
+"""The engine loop. ``step()`` reads like the algorithm:
+
+    schedule -> plan speculation (policy) -> propose -> verify (one target pass) -> accept -> commit
+
+Every running request is fed in the same target forward pass: prefill chunks, plain
+decodes (k = 0: one token) and verifications (k >= 1: last token + k drafts).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
+from engine.kv_cache import make_kv_cache
+from engine.model_runner import ModelRunner, SeqChunk
+from engine.models.loader import load_model, read_config
+from engine.models.tokenizer import IncrementalDetokenizer, check_compatible, eos_token_ids, load_tokenizer
+from engine.request import Request, RequestStatus
+from engine.sampler import greedy_tokens, position_counts, processed_probs, token_logprobs
+from engine.scheduler import Scheduler
+from engine.spec_decode.proposer import Draft, build_proposers
+from engine.spec_decode.rejection_sampler import VerifyResult, verify_greedy_batch, verify_sampled
+from engine.spec_decode.stats import SpecDecodeStats
+from engine.types import EngineHealth, FinishReason, RequestOutput, SamplingParams
+from policies import BatchView, PolicyController, PolicySettings, RequestView, RoundOutcome, StepTiming
+
+log = logging.getLogger("specserve.engine")
+
+
+@dataclass
+class Planned:
+    """The speculation plan of one decoding request this step."""
+
+    request: Request
+    k: int
+    proposer: str
+    draft: Draft | None = None
+
+    @property
+    def draft_tokens(self) -> list[int]:
+        return self.draft.token_ids if self.draft else []
+
+
+def context_length_error(max_len: int, prompt: int, completion: int) -> ContextLengthExceededError:
+    return ContextLengthExceededError(
+        f"This model's maximum context length is {max_len} tokens. However, you requested "
+        f"{prompt + completion} tokens ({prompt} in the messages, {completion} in the completion). "
+        "Please reduce the length of the messages or completion.",
+        param="messages",
+    )
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, policy: PolicyController | None = None, progress=None) -> None:
+        self.config = config
+        device, dtype = config.torch_device, config.torch_dtype
+        self.model, path = load_model(config.model, dtype, device)
+        self.model_path = path
+        self.tokenizer = load_tokenizer(path)
+        self.eos_ids = eos_token_ids(self.tokenizer, read_config(path))
+        args = self.model.args
+        self.max_seq_len = min(config.max_seq_len, args.max_position_embeddings)
+        cache_kwargs = dict(max_running=config.max_running, max_seq_len=self.max_seq_len,
+                            num_blocks=config.num_kv_blocks, block_size=config.block_size, device=device)
+        cache = make_kv_cache(config.kv_cache, num_layers=args.num_layers, kv_heads=args.num_kv_heads,
+                              head_dim=args.head_dim, dtype=dtype, **cache_kwargs)
+        if cache.num_total_blocks * (config.block_size if config.kv_cache == "paged" else self.max_seq_len) \
+                < self.max_seq_len:
+            raise ValueError("num_kv_blocks is too small to hold one request of max_seq_len tokens")
+        self.runner = ModelRunner(self.model, cache, device)
+        if progress:
+            progress("target loaded")
+        draft_runner = None
+        if config.draft_model:
+            draft, draft_path = load_model(config.draft_model, dtype, device)
+            check_compatible(self.tokenizer, load_tokenizer(draft_path), path, draft_path,
+                             args.vocab_size, draft.args.vocab_size)
+            d = draft.args
+            draft_cache = make_kv_cache(config.kv_cache, num_layers=d.num_layers, kv_heads=d.num_kv_heads,
+                                        head_dim=d.head_dim, dtype=dtype, **cache_kwargs)
+            draft_runner = ModelRunner(draft, draft_cache, device)
+            if progress:
+                progress("draft loaded")
+        self.proposers = build_proposers(config, draft_runner=draft_runner)
+        self.scheduler = Scheduler(cache, max_running=config.max_running, max_waiting=config.max_waiting,
+                                   max_num_batched_tokens=config.max_num_batched_tokens, on_evict=self._evict)
+        self.policy = policy or PolicyController(
+            PolicySettings(mode=config.speculation, k=config.k, k_max=config.k_max, seed=config.seed))
+        self.stats = SpecDecodeStats()
+        self.requests: dict[str, Request] = {}
+        self._seeds = random.Random(config.seed)
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Request:
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already running", param="request_id")
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt must contain at least one token", param="prompt")
+        vocab = self.model.args.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        if len(prompt_ids) + params.max_tokens > self.max_seq_len:
+            raise context_length_error(self.max_seq_len, len(prompt_ids), params.max_tokens)
+        if self.scheduler.num_waiting >= self.config.max_waiting:
+            raise QueueFullError(f"the engine's queue is full ({self.config.max_waiting} waiting requests)")
+        generator = None
+        if not params.greedy:
+            seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+            generator = torch.Generator(device=self.config.torch_device).manual_seed(seed)
+        request = Request(request_id, list(prompt_ids), params, generator,
+                          IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop))
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+        return request
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        self._finish(request, "abort")
+        return self._collect([request])[0]
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # ------------------------------------------------------------------ the step
+
+    def step(self) -> list[RequestOutput]:
+        self.policy.apply_pending()
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return self._collect(list(self.requests.values()))
+        start = time.perf_counter()
+        plans = self._plan(sched.decodes)
+        draft_seconds, num_draft_requests = self._propose(plans)
+        verify_start = time.perf_counter()
+        chunks = [SeqChunk(p.request.request_id, [p.request.last_token] + p.draft_tokens,
+                           p.request.num_computed, 1 + len(p.draft_tokens)) for p in plans]
+        chunks += [SeqChunk(c.request.request_id, c.request.tokens(c.start, c.start + c.num_tokens), c.start,
+                            1 if c.is_last else 0) for c in sched.prefills]
+        logits = self.runner.execute(chunks)
+        results = self._verify(plans, logits[: len(plans)])
+        target_seconds = time.perf_counter() - verify_start
+        num_generated = 0
+        for plan, result, rows in zip(plans, results, logits):
+            self._observe_round(plan, result)
+            plan.request.num_computed += 1 + result.num_accepted
+            num_generated += self._commit(plan.request, result.token_ids, rows)
+        for chunk, rows in zip(sched.prefills, logits[len(plans):]):
+            request = chunk.request
+            request.num_computed = chunk.start + chunk.num_tokens
+            if chunk.is_last:
+                token = self._sample_one(request, rows)
+                num_generated += self._commit(request, [token], rows)
+        num_tokens = sum(len(c.token_ids) for c in chunks)
+        self.policy.observe_step(StepTiming(
+            batch_size=len(chunks), num_tokens=num_tokens, target_seconds=target_seconds,
+            num_draft_tokens=sum(len(p.draft_tokens) for p in plans if p.proposer == "draft"),
+            draft_seconds=draft_seconds, num_draft_requests=num_draft_requests))
+        self.stats.observe_step(len(chunks), num_tokens, time.perf_counter() - start, num_generated)
+        return self._collect(list(self.requests.values()))
+
+    def _plan(self, decodes: list[Request]) -> list[Planned]:
+        """Ask the policy for k and proposer per request, then apply the hard limits."""
+        if not decodes:
+            return []
+        ngram = self.proposers["ngram"]
+        k_max = self.policy.settings.k_max
+        views = []
+        for r in decodes:
+            override = r.params.speculation
+            cap = min(k_max, r.remaining_tokens - 1, self.max_seq_len - r.num_tokens)
+            if override is not None and override.max_k is not None:
+                cap = min(cap, override.max_k)
+            views.append(RequestView(
+                request_id=r.request_id, temperature=r.params.temperature, num_output_tokens=len(r.output_ids),
+                max_k=max(0, cap), ngram_match_len=ngram.match_len(r),
+                override_mode=override.mode if override else "auto", draft_available="draft" in self.proposers))
+        decisions = self.policy.decide(BatchView(tuple(views), num_waiting=self.scheduler.num_waiting))
+        plans = []
+        cache = self.runner.cache
+        for r, view, decision in zip(decodes, views, decisions):
+            k = min(decision.k, view.max_k) if decision.proposer in self.proposers else 0
+            while k > 0 and not cache.can_reserve(r.request_id, r.num_tokens + k):
+                k -= 1
+            plans.append(Planned(r, k, decision.proposer))
+        return plans
+
+    def _propose(self, plans: list[Planned]) -> tuple[float, int]:
+        """Fill each plan's draft; returns (draft-model seconds, draft-model batch size)."""
+        draft_seconds, num_draft_requests = 0.0, 0
+        for name, proposer in self.proposers.items():
+            group = [p for p in plans if p.k > 0 and p.proposer == name]
+            if not group:
+                continue
+            start = time.perf_counter()
+            for plan, draft in zip(group, proposer.propose([p.request for p in group], [p.k for p in group])):
+                plan.draft = draft
+                self.runner.cache.reserve(plan.request.request_id, plan.request.num_tokens + len(draft.token_ids))
+            if name == "draft":
+                draft_seconds, num_draft_requests = time.perf_counter() - start, len(group)
+        return draft_seconds, num_draft_requests
+
+    def _verify(self, plans: list[Planned], logits: list[torch.Tensor]) -> list[VerifyResult]:
+        results: list[VerifyResult | None] = [None] * len(plans)
+        greedy = [i for i, p in enumerate(plans) if p.request.params.greedy]
+        if greedy:
+            width = max(len(plans[i].draft_tokens) for i in greedy)
+            target = torch.zeros(len(greedy), width + 1, dtype=torch.long)
+            drafts = torch.zeros(len(greedy), width, dtype=torch.long)
+            num_draft = torch.zeros(len(greedy), dtype=torch.long)
+            for row, i in enumerate(greedy):
+                r, toks = plans[i].request, plans[i].draft_tokens
+                counts = self._counts(r, toks)
+                target[row, : len(toks) + 1] = greedy_tokens(logits[i], r.params, counts).cpu()
+                drafts[row, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+                num_draft[row] = len(toks)
+            for i, result in zip(greedy, verify_greedy_batch(target, drafts, num_draft)):
+                results[i] = result
+        for i, plan in enumerate(plans):
+            if results[i] is None:
+                r, toks = plan.request, plan.draft_tokens
+                p = processed_probs(logits[i], r.params, self._counts(r, toks))
+                q = plan.draft.probs if plan.draft else None
+                results[i] = verify_sampled(p, torch.tensor(toks, dtype=torch.long, device=p.device), q, r.generator)
+        return results  # type: ignore[return-value]
+
+    def _counts(self, request: Request, drafts: list[int]) -> torch.Tensor | None:
+        if not request.params.has_penalties:
+            return None
+        return position_counts(request.output_ids, drafts, self.model.args.vocab_size, self.config.torch_device)
+
+    def _sample_one(self, request: Request, logits: torch.Tensor) -> int:
+        params = request.params
+        if params.greedy:
+            return int(greedy_tokens(logits, params, self._counts(request, []))[0])
+        p = processed_probs(logits, params, self._counts(request, []))
+        empty = torch.zeros(0, dtype=torch.long, device=p.device)
+        return verify_sampled(p, empty, None, request.generator).token_ids[0]
+
+    def _observe_round(self, plan: Planned, result: VerifyResult) -> None:
+        request, drafted = plan.request, len(plan.draft_tokens)
+        if drafted == 0:
+            request.spec.num_plain_steps += 1
+            return
+        request.spec.add(plan.proposer, drafted, result.num_accepted)
+        self.stats.observe(plan.proposer, drafted, result.num_accepted)
+        self.policy.observe(RoundOutcome(request.request_id, plan.proposer,  # type: ignore[arg-type]
+                                         request.params.temperature, drafted, result.num_accepted))
+
+    # ------------------------------------------------------------------ commit and outputs
+
+    def _commit(self, request: Request, token_ids: list[int], logits: torch.Tensor) -> int:
+        """Append accepted tokens in order, stopping at the first stop condition; roll caches back."""
+        emitted = []
+        for token in token_ids:
+            request.output_ids.append(token)
+            emitted.append(token)
+            reason = self._stop_reason(request, token)
+            if reason is not None:
+                self._finish(request, reason)
+                break
+        if request.params.logprobs is not None:
+            request.pending_logprobs += token_logprobs(logits[: len(emitted)], emitted, request.params.logprobs,
+                                                       self.tokenizer)
+        request.pending_ids += emitted
+        if not request.finished:
+            self.runner.cache.truncate_to(request.request_id, request.num_computed)
+            for proposer in self.proposers.values():
+                proposer.on_committed(request)
+        return len(emitted)
+
+    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
+        params = request.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_ids):
+            return "stop"
+        delta, stopped = request.detokenizer.add([token])
+        request.pending_text += delta
+        if stopped:
+            return "stop"
+        if request.remaining_tokens <= 0 or request.num_tokens >= self.max_seq_len:
+            return "length"
+        return None
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        if request.finished:
+            return
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        if reason != "abort":
+            request.pending_text += request.detokenizer.flush()
+        self.scheduler.remove(request)
+        self.policy.forget(request.request_id)
+
+    def _evict(self, request: Request) -> None:
+        for proposer in self.proposers.values():
+            proposer.remove_request(request)
+
+    def _collect(self, requests: list[Request]) -> list[RequestOutput]:
+        outputs = []
+        for r in requests:
+            if not (r.pending_ids or r.pending_text or r.finished):
+                continue
+            outputs.append(RequestOutput(
+                request_id=r.request_id, new_token_ids=r.pending_ids, new_text=r.pending_text,
+                num_prompt_tokens=r.num_prompt_tokens, num_output_tokens=len(r.output_ids), finished=r.finished,
+                finish_reason=r.finish_reason, logprobs=r.pending_logprobs if r.params.logprobs is not None else None,
+                spec=r.spec if r.finished else None))
+            r.pending_ids, r.pending_text, r.pending_logprobs = [], "", []
+            if r.finished:
+                self.requests.pop(r.request_id, None)
+        return outputs
+
+    # ------------------------------------------------------------------ introspection
+
+    def health(self) -> EngineHealth:
+        cache = self.runner.cache
+        return EngineHealth(ready=True, loop_alive=True, num_running=self.scheduler.num_running,
+                            num_waiting=self.scheduler.num_waiting, kv_used_blocks=cache.num_used_blocks,
+                            kv_total_blocks=cache.num_total_blocks)
+
+    def snapshot(self) -> dict:
+        h = self.health()
+        return {"num_running": h.num_running, "num_waiting": h.num_waiting, "kv_used_blocks": h.kv_used_blocks,
+                "kv_total_blocks": h.kv_total_blocks, **self.stats.snapshot(), "policy": self.policy.stats()}

@@ -1,0 +1,57 @@
+"""Runs one model over one ragged batch against its own KV cache. Knows no proposer.
+
+The target and the draft model each get a runner; a runner turns a list of
+``SeqChunk`` (which request, which new tokens at which start position, how many
+trailing positions need logits) into one forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.kv_cache import KVCache
+from engine.models.llama import LlamaModel, build_attention_metadata
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    request_id: str
+    token_ids: list[int]  # new tokens fed this pass
+    start: int  # position of token_ids[0]
+    num_logits: int  # logits wanted for the last num_logits fed positions (0 = none)
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, cache: KVCache, device: torch.device) -> None:
+        self.model = model
+        self.cache = cache
+        self.device = device
+        self.vocab_size = model.args.vocab_size
+
+    def execute(self, chunks: list[SeqChunk]) -> list[torch.Tensor]:
+        """One forward pass; returns per chunk its logits ``[num_logits, vocab]`` (float32).
+
+        The caller has reserved cache room for every chunk (``cache.reserve``).
+        """
+        tokens: list[int] = []
+        positions: list[torch.Tensor] = []
+        contexts: list[torch.Tensor] = []
+        logit_rows: list[int] = []
+        for chunk in chunks:
+            n, end = len(chunk.token_ids), chunk.start + len(chunk.token_ids)
+            offset = len(tokens)
+            tokens.extend(chunk.token_ids)
+            positions.append(torch.arange(chunk.start, end))
+            contexts.append(self.cache.indices(chunk.request_id, end))
+            logit_rows.extend(range(offset + n - chunk.num_logits, offset + n))
+        meta = build_attention_metadata(contexts, [len(c.token_ids) for c in chunks], self.device)
+        logits = self.model(
+            torch.tensor(tokens, device=self.device),
+            torch.cat(positions).to(self.device),
+            self.cache.layers,
+            meta,
+            torch.tensor(logit_rows, dtype=torch.long, device=self.device),
+        )
+        return list(logits.split([c.num_logits for c in chunks]))

@@ -1,0 +1,214 @@
+"""Our Llama-architecture model: RMSNorm, RoPE (incl. Llama-3 scaling), GQA, SwiGLU.
+
+The forward pass takes a *ragged* batch flattened to one token axis: every request
+contributes its own number of new tokens (1 for decode, k+1 for verification, a chunk
+for prefill) at its own positions. Attention reads each request's whole context from the
+KV cache through a gather index built once per step (`AttentionMetadata`), so the model
+does not know whether the cache is slotted or paged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LlamaArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each fed token writes its K/V and which cache entries each request reads.
+
+    write_index: [num_tokens]            flat cache index of every new token
+    gather_index: [batch, max_ctx]       flat cache index of each request's context (padded)
+    mask: [batch, 1, max_new, max_ctx]   True where query i of request b may attend to key j
+    scatter_index: [num_tokens]          position of every flat token in the [batch * max_new] padded grid
+    """
+
+    write_index: torch.Tensor
+    gather_index: torch.Tensor
+    mask: torch.Tensor
+    scatter_index: torch.Tensor
+    batch_size: int
+    max_new: int
+
+
+def build_attention_metadata(
+    context_indices: list[torch.Tensor], num_new: list[int], device: torch.device
+) -> AttentionMetadata:
+    """context_indices[b]: flat cache indices of request b's whole context (old + new tokens)."""
+    batch = len(num_new)
+    ctx_len = torch.tensor([idx.numel() for idx in context_indices])
+    new_len = torch.tensor(num_new)
+    max_new = int(new_len.max())
+    gather = torch.nn.utils.rnn.pad_sequence(context_indices, batch_first=True)
+    # query i of request b sits at position ctx - n + i and sees keys 0..that position
+    query_pos = (ctx_len - new_len)[:, None] + torch.arange(max_new)[None, :]
+    mask = torch.arange(gather.shape[1])[None, None, :] <= query_pos[:, :, None]
+    is_pad_query = torch.arange(max_new)[None, :] >= new_len[:, None]
+    mask[is_pad_query] = False
+    mask[..., 0] |= is_pad_query  # padded query rows attend somewhere harmless (never read)
+    writes = [idx[idx.numel() - n:] for idx, n in zip(context_indices, num_new)]
+    scatter = (torch.arange(batch)[:, None] * max_new + torch.arange(max_new)[None, :])[~is_pad_query]
+    return AttentionMetadata(
+        write_index=torch.cat(writes).to(device),
+        gather_index=gather.to(device),
+        mask=mask.unsqueeze(1).to(device),
+        scatter_index=scatter.to(device),
+        batch_size=batch,
+        max_new=max_new,
+    )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(args: LlamaArgs) -> torch.Tensor:
+    dim = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = args.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        old_len = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = torch.where(is_mid, mid, scaled)
+    elif kind == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind != "default":
+        raise ValueError(f"unsupported rope_scaling type {kind!r}")
+    return inv_freq.float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [tokens, heads, head_dim]; cos/sin: [tokens, 1, head_dim]; rotate-half convention as HF
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.q_size = args.num_heads * args.head_dim
+        self.kv_size = args.num_kv_heads * args.head_dim
+        self.qkv_proj = nn.Linear(args.hidden_size, self.q_size + 2 * self.kv_size, bias=args.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.attention_bias)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)
+        k_cache[meta.write_index] = k.to(k_cache.dtype)
+        v_cache[meta.write_index] = v.view(-1, self.num_kv_heads, self.head_dim).to(v_cache.dtype)
+        # gather each request's context: [batch, kv_heads, max_ctx, head_dim]
+        keys = k_cache[meta.gather_index].transpose(1, 2).to(q.dtype)
+        values = v_cache[meta.gather_index].transpose(1, 2).to(q.dtype)
+        padded = q.new_zeros(meta.batch_size * meta.max_new, self.num_heads, self.head_dim)
+        padded[meta.scatter_index] = q
+        queries = padded.view(meta.batch_size, meta.max_new, self.num_heads, self.head_dim).transpose(1, 2)
+        if self.num_kv_heads != self.num_heads:
+            repeat = self.num_heads // self.num_kv_heads
+            keys = keys.repeat_interleave(repeat, dim=1)
+            values = values.repeat_interleave(repeat, dim=1)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.mask)
+        out = out.transpose(1, 2).reshape(meta.batch_size * meta.max_new, self.q_size)[meta.scatter_index]
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.intermediate = args.intermediate_size
+        self.gate_up_proj = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Causal LM. ``forward`` returns logits only for ``logits_index`` rows of the flat token axis."""
+
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer: [cache_tokens, kv_heads, head_dim] x 2
+        meta: AttentionMetadata,
+        logits_index: torch.Tensor,  # [num_logits] rows of the flat token axis to project
+    ) -> torch.Tensor:  # [num_logits, vocab] float32
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rope(positions, x.dtype)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            x = layer(x, cos, sin, k_cache, v_cache, meta)
+        x = self.norm(x[logits_index])
+        return self.lm_head(x).float()

@@ -1,0 +1,75 @@
+"""Sampling transforms shared by the target and the draft model.
+
+Speculation is exact only if the draft distribution q and the target distribution p go
+through the *same* transforms, with the penalties of each position counting the draft
+tokens before it as if they had been emitted. Everything here is therefore written for
+``n`` consecutive positions of one request at once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.types import SamplingParams, TokenLogprob
+
+
+def position_counts(history: list[int], drafts: list[int], vocab: int, device: torch.device) -> torch.Tensor:
+    """Output-token counts seen at each of len(drafts) + 1 positions: [n, vocab]."""
+    base = torch.zeros(vocab, device=device)
+    if history:
+        base.index_add_(0, torch.tensor(history, device=device), torch.ones(len(history), device=device))
+    counts = base.repeat(len(drafts) + 1, 1)
+    for i, tok in enumerate(drafts):
+        counts[i + 1:, tok] += 1
+    return counts
+
+
+def apply_penalties(logits: torch.Tensor, params: SamplingParams, counts: torch.Tensor | None) -> torch.Tensor:
+    """OpenAI semantics: logit -= frequency * count + presence * (count > 0)."""
+    if counts is None or not params.has_penalties:
+        return logits
+    return logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).float()
+
+
+def processed_probs(logits: torch.Tensor,  # [n, vocab] raw model logits
+                    params: SamplingParams, counts: torch.Tensor | None) -> torch.Tensor:  # [n, vocab]
+    """Penalties -> temperature -> top-k -> min-p -> top-p -> softmax (temperature > 0)."""
+    x = apply_penalties(logits, params, counts) / params.temperature
+    vocab = x.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(x, params.top_k, dim=-1).values[:, -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.min_p > 0.0:
+        probs = torch.softmax(x, dim=-1)
+        x = x.masked_fill(probs < params.min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        cum = torch.softmax(sorted_x, dim=-1).cumsum(dim=-1)
+        drop_sorted = (cum - torch.softmax(sorted_x, dim=-1)) >= params.top_p  # keeps at least the top token
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return torch.softmax(x, dim=-1)
+
+
+def greedy_tokens(logits: torch.Tensor, params: SamplingParams, counts: torch.Tensor | None) -> torch.Tensor:
+    return apply_penalties(logits, params, counts).argmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:  # probs: [vocab]
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def token_logprobs(logits: torch.Tensor,  # [n, vocab] raw logits of the positions that emitted tokens
+                   token_ids: list[int], top_n: int, tokenizer) -> list[TokenLogprob]:
+    """Log-probabilities under the model's own (unprocessed) distribution, as vLLM reports by default."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logp[torch.arange(len(token_ids)), torch.tensor(token_ids)].tolist()
+    tops = torch.topk(logp, top_n, dim=-1) if top_n > 0 else None
+    out = []
+    for i, tok in enumerate(token_ids):
+        top: tuple[tuple[int, str, float], ...] = ()
+        if tops is not None:
+            ids, vals = tops.indices[i].tolist(), tops.values[i].tolist()
+            top = tuple((t, tokenizer.decode([t]), v) for t, v in zip(ids, vals))
+        out.append(TokenLogprob(tok, tokenizer.decode([tok]), chosen[i], top))
+    return out

@@ -1,0 +1,88 @@
+"""Draft-model proposer: a small model with its own KV cache, kept in lockstep with the target's.
+
+Cache invariant: the draft cache of a request holds K/V for a prefix of the request's
+committed tokens (``draft_len <= num_tokens - 1``). Before drafting, the proposer
+*catches up* on every committed token it has not seen: on the first round that is the
+whole prompt (lazy, batched prefill); after rounds where the request drafted nothing
+(k = 0) it is the tokens emitted meanwhile. Skipping that catch-up is what makes other
+engines' acceptance collapse when speculation is switched back on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.model_runner import ModelRunner, SeqChunk
+from engine.request import Request
+from engine.sampler import apply_penalties, processed_probs, sample
+from engine.spec_decode.proposer import Draft
+
+
+class DraftModelProposer:
+    name = "draft"
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.cache = runner.cache
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id not in self.cache:
+            self.cache.allocate(request.request_id)
+
+    def remove_request(self, request: Request) -> None:
+        self.cache.free(request.request_id)
+
+    def on_committed(self, request: Request) -> None:
+        rid = request.request_id
+        if rid in self.cache and self.cache.length(rid) > request.num_computed:
+            self.cache.truncate_to(rid, request.num_computed)
+
+    def propose(self, requests: list[Request], ks: list[int]) -> list[Draft]:
+        tokens: list[list[int]] = [[] for _ in requests]
+        qs: list[list[torch.Tensor]] = [[] for _ in requests]
+        counts = [self._counts(r) for r in requests]
+        # pass 0: catch up on missed tokens (prefill on the first round) and draft token 1
+        chunks = []
+        for r in requests:
+            self.add_request(r)
+            start = self.cache.length(r.request_id)
+            self.cache.reserve(r.request_id, r.num_tokens)
+            chunks.append(SeqChunk(r.request_id, r.tokens(start, r.num_tokens), start, 1))
+        logits = self.runner.execute(chunks)
+        active = list(range(len(requests)))
+        for step in range(max(ks)):
+            for i, row in zip(active, logits):
+                self._take(requests[i], row, counts[i], tokens[i], qs[i])
+            active = [i for i in active if len(tokens[i]) < ks[i]]
+            if not active:
+                break
+            chunks = []
+            for i in active:
+                r, pos = requests[i], requests[i].num_tokens + step
+                self.cache.reserve(r.request_id, pos + 1)
+                chunks.append(SeqChunk(r.request_id, [tokens[i][-1]], pos, 1))
+            logits = self.runner.execute(chunks)
+        return [Draft(t, torch.stack(q) if q else None) for t, q in zip(tokens, qs)]
+
+    def _counts(self, request: Request) -> torch.Tensor | None:
+        if not request.params.has_penalties:
+            return None
+        counts = torch.zeros(self.runner.vocab_size)
+        if request.output_ids:
+            counts.index_add_(0, torch.tensor(request.output_ids), torch.ones(len(request.output_ids)))
+        return counts
+
+    def _take(self, request: Request, logits: torch.Tensor, counts: torch.Tensor | None,
+              tokens: list[int], qs: list[torch.Tensor]) -> None:
+        """Pick the next draft token with the same transforms the target's verification uses."""
+        params = request.params
+        row_counts = counts[None] if counts is not None else None
+        if params.greedy:
+            token = int(apply_penalties(logits, params, row_counts).argmax(dim=-1))
+        else:
+            q = processed_probs(logits, params, row_counts)[0]
+            token = sample(q, request.generator)
+            qs.append(q)
+        tokens.append(token)
+        if counts is not None:
+            counts[token] += 1

@@ -1,0 +1,47 @@
+"""Shared fixtures: the bundled pair, tiny random Llama checkpoints, a private Redis."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = ROOT / "assets" / "models" / "target"
+DRAFT = ROOT / "assets" / "models" / "draft"
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def save_random_llama(path: Path, **overrides) -> Path:
+    """A randomly initialised HF LlamaForCausalLM with Llama-3.2 features, saved as safetensors."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64},
+    )
+    cfg.update(overrides)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def random_llama_dir(tmp_path_factory) -> Path:
+    return save_random_llama(tmp_path_factory.mktemp("random_llama"))
