@@ -163,7 +163,8 @@ class LLMEngine:
         self.policy.observe_step(StepTiming(
             batch_size=len(chunks), num_tokens=num_tokens, target_seconds=target_seconds,
             num_draft_tokens=sum(len(p.draft_tokens) for p in plans if p.proposer == "draft"),
-            draft_seconds=draft_seconds, num_draft_requests=num_draft_requests))
+            draft_seconds=draft_seconds, num_draft_requests=num_draft_requests,
+            num_draft_passes=max((len(p.draft_tokens) for p in plans if p.proposer == "draft"), default=0)))
         self.stats.observe_step(len(chunks), num_tokens, time.perf_counter() - start, num_generated)
         return self._collect(list(self.requests.values()))
 

@@ -132,7 +132,10 @@ def load_model(name_or_path: str | Path, dtype: torch.dtype, device: torch.devic
             f"unexpected {sorted(unexpected)[:5]}"
         )
     model = model.to_empty(device=device)
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items() if k in expected})
+    weights = {k: v.to(dtype) for k, v in state.items() if k in expected}
+    if args.tie_word_embeddings:  # the module still lists the tied lm_head.weight: give it the embedding
+        weights["lm_head.weight"] = weights["embed_tokens.weight"]
+    model.load_state_dict(weights)
     if args.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model = model.to(dtype).eval()

@@ -1,0 +1,82 @@
+"""Greedy exactness: every speculation mode emits exactly plain greedy's tokens, which equal
+transformers' greedy generate on the same checkpoint (CPU, float32, bundled pair)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.prompts import PROSE, code_prompts
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.types import SamplingParams, SpeculationOverride
+from tests.conftest import DRAFT, TARGET
+
+MAX_TOKENS = 24
+MODES = [("off", 1)] + [("draft", k) for k in range(1, 9)] + [("ngram", 4)]
+
+
+@pytest.fixture(scope="module")
+def engine() -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(TARGET), draft_model=str(DRAFT), dtype="float32", device="cpu",
+                                  max_seq_len=512, max_running=32, speculation="off"))
+
+
+@pytest.fixture(scope="module")
+def prompts(engine) -> list[list[int]]:
+    texts = code_prompts(14, max_chars=240) + PROSE[:6]
+    assert len(texts) == 20
+    return [engine.tokenizer.encode(t) for t in texts]
+
+
+def run(engine: LLMEngine, prompts: list[list[int]], overrides: list[SpeculationOverride | None]) -> list[list[int]]:
+    for i, (ids, override) in enumerate(zip(prompts, overrides)):
+        engine.add_request(f"r{i}", ids, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, speculation=override))
+    outputs: dict[str, list[int]] = {}
+    while engine.has_work():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+    assert engine.runner.cache.num_used_blocks == 0
+    return [outputs[f"r{i}"] for i in range(len(prompts))]
+
+
+def set_mode(engine: LLMEngine, mode: str, k: int) -> None:
+    engine.policy.update({"mode": mode, "k": k})
+    engine.policy.apply_pending()
+
+
+@pytest.fixture(scope="module")
+def plain(engine, prompts) -> list[list[int]]:
+    set_mode(engine, "off", 1)
+    return run(engine, prompts, [None] * len(prompts))
+
+
+def test_plain_greedy_equals_transformers(engine, prompts, plain):
+    from transformers import LlamaForCausalLM
+
+    hf = LlamaForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    for ids, ours in zip(prompts, plain):
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                          pad_token_id=engine.tokenizer.pad_token_id)
+        assert out[0, len(ids):].tolist() == ours
+
+
+@pytest.mark.parametrize("mode,k", MODES[1:], ids=[f"{m}-k{k}" for m, k in MODES[1:]])
+def test_speculative_greedy_equals_plain(engine, prompts, plain, mode, k):
+    set_mode(engine, mode, k)
+    assert run(engine, prompts, [None] * len(prompts)) == plain
+    assert engine.stats.num_draft_tokens > 0
+
+
+def test_mixed_batch_of_modes_and_k_equals_plain(engine, prompts, plain):
+    """Every request in one batch with its own proposer and k, under the adaptive policy."""
+    set_mode(engine, "auto", 4)
+    overrides = [SpeculationOverride(mode=("off", "draft", "ngram", "auto")[i % 4], max_k=1 + i % 8)
+                 for i in range(len(prompts))]
+    assert run(engine, prompts, overrides) == plain
+
+
+def test_prompts_alone_equal_batched(engine, prompts, plain):
+    set_mode(engine, "draft", 5)
+    for i in (0, 7, 15):
+        assert run(engine, [prompts[i]], [None]) == [plain[i]]
