@@ -1,0 +1,103 @@
+"""Policy sweep on the real engine and bundled pair: concurrency x temperature x workload, for
+``off``, fixed draft k = 2/4/6, fixed n-gram and ``adaptive`` (auto). Reports throughput and
+mean time per output token; the plot shows speed-up vs ``off`` per concurrency.
+
+    .venv/bin/python -m bench.policy_sweep [--concurrency 1,2,4,8,16,32] [--new-tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.common import RESULTS, make_engine, run_engine, save, set_policy, table
+from bench.prompts import PROSE, code_prompts
+from engine.types import SamplingParams
+
+POLICIES = {
+    "off": {"mode": "off"},
+    "draft k=2": {"mode": "draft", "k": 2},
+    "draft k=4": {"mode": "draft", "k": 4},
+    "draft k=6": {"mode": "draft", "k": 6},
+    "ngram k=4": {"mode": "ngram", "k": 4},
+    "adaptive": {"mode": "auto"},
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", default="1,2,4,8,16,32")
+    ap.add_argument("--temperatures", default="0,0.7,1.0")
+    ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    args = ap.parse_args()
+    engine = make_engine(args.dtype, args.device, max_seq_len=1024, max_running=64, max_num_batched_tokens=2048)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    code, prose = code_prompts(max(levels), max_chars=500), PROSE
+    workloads = {"code": code, "prose": [prose[i % len(prose)] for i in range(max(levels))]}
+    run_engine(engine, [engine.tokenizer.encode("def f(x):")] * 2, SamplingParams(max_tokens=16))  # warm-up
+    rows = []
+    for workload, texts in workloads.items():
+        for temperature in (float(t) for t in args.temperatures.split(",")):
+            for n in levels:
+                prompts = [engine.tokenizer.encode(t) for t in texts[:n]]
+                params = SamplingParams(max_tokens=args.new_tokens, temperature=temperature, ignore_eos=True, seed=1)
+                cell = {"workload": workload, "temperature": temperature, "concurrency": n}
+                results = {}
+                for name, settings in POLICIES.items():
+                    set_policy(engine, **{"k": 4, **settings})
+                    results[name] = run_engine(engine, prompts, params)
+                off = results["off"].tokens_per_s
+                best_fixed = max(r.tokens_per_s for name, r in results.items() if name not in ("off", "adaptive"))
+                adaptive = results["adaptive"].tokens_per_s
+                for name, r in results.items():
+                    rows.append({**cell, "policy": name, "tok_s": r.tokens_per_s, "tpot_ms": 1000 * r.tpot,
+                                 "vs_off": r.tokens_per_s / off, "acceptance": round(r.acceptance, 3)})
+                print(f"[{workload} T={temperature} c={n}] off {off:.0f} tok/s, best fixed {best_fixed:.0f}, "
+                      f"adaptive {adaptive:.0f} = {adaptive / best_fixed:.2f}x best fixed, {adaptive / off:.2f}x off",
+                      flush=True)
+    summary = summarize(rows)
+    print(table(rows, ["workload", "temperature", "concurrency", "policy", "tok_s", "tpot_ms", "vs_off", "acceptance"]))
+    print(table(summary, ["workload", "temperature", "concurrency", "adaptive_vs_best_fixed", "adaptive_vs_off"]))
+    path = save("policy_sweep", {"args": vars(args), "rows": rows, "summary": summary})
+    plot(rows)
+    print(f"saved {path}")
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    cells = sorted({(r["workload"], r["temperature"], r["concurrency"]) for r in rows})
+    out = []
+    for cell in cells:
+        sub = {r["policy"]: r["tok_s"] for r in rows if (r["workload"], r["temperature"], r["concurrency"]) == cell}
+        best_fixed = max(v for k, v in sub.items() if k not in ("off", "adaptive"))
+        out.append({"workload": cell[0], "temperature": cell[1], "concurrency": cell[2],
+                    "adaptive_vs_best_fixed": sub["adaptive"] / best_fixed,
+                    "adaptive_vs_off": sub["adaptive"] / sub["off"]})
+    return out
+
+
+def plot(rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = sorted({(r["workload"], r["temperature"]) for r in rows})
+    fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 4), sharey=True)
+    for ax, (workload, temperature) in zip(axes, cells):
+        for name in POLICIES:
+            sub = [r for r in rows if (r["workload"], r["temperature"], r["policy"]) == (workload, temperature, name)]
+            ax.plot([r["concurrency"] for r in sub], [r["vs_off"] for r in sub], "o-" if name == "adaptive" else ".--",
+                    label=name, linewidth=2.5 if name == "adaptive" else 1)
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{workload}, T={temperature}")
+        ax.set_xlabel("concurrency")
+    axes[0].set_ylabel("throughput vs off")
+    axes[-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "policy_sweep.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()
