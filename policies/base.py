@@ -63,6 +63,7 @@ class StepTiming:
     num_draft_tokens: int = 0  # tokens the draft model produced (for its per-token cost)
     draft_seconds: float = 0.0
     num_draft_requests: int = 0  # batch size of the draft model's forward passes
+    num_draft_passes: int = 0  # sequential draft forward passes (max k of the draft users); 0 = unknown
 
 
 class SpeculationPolicy(Protocol):

@@ -1,0 +1,116 @@
+"""The adaptive policy: per-request k and proposer from live acceptance, temperature and load.
+
+Each step it estimates every request's alpha for each proposer it may use (policies/acceptance.py),
+reads the current step-cost fit (policies/cost_model.py) and picks all k's jointly to maximise the
+batch's expected goodput (policies/goodput.py). Load enters through the cost model: when tokens are
+expensive (large, compute-bound batches) extra draft tokens stop paying and requests fall back to
+k = 0; when the batch shrinks they pay again and speculation resumes, since alpha estimates are kept.
+
+Two corrections on top of the pure optimum:
+- hysteresis: a request's previous (proposer, k) gets a bonus of ``hysteresis`` in the objective, so k
+  does not flip every step on estimation noise;
+- exploration: a request at k = 0 learns nothing about its alpha; with probability
+  ``exploration_rate`` it probes k = 1..2 with the proposer that costs least, if the expected cost of
+  such probes stays below ``exploration_max_loss`` of the predicted goodput (so no draft probes under
+  heavy load, where each would add whole draft passes to a large batch).
+"""
+
+from __future__ import annotations
+
+import random
+
+from policies.acceptance import AcceptanceEstimator
+from policies.base import BatchView, Decision, ProposerName, RequestView
+from policies.cost_model import CostCoefficients, CostModel
+from policies.fixed import PLAIN
+from policies.goodput import BatchPlan, Candidate, plan_batch, with_probe
+from policies.learning import LearningPolicy
+from policies.settings import PolicySettings
+
+
+class AdaptivePolicy(LearningPolicy):
+    name = "adaptive"
+
+    def __init__(
+        self,
+        settings: PolicySettings | None = None,
+        acceptance: AcceptanceEstimator | None = None,
+        cost_model: CostModel | None = None,
+    ) -> None:
+        self._rng = random.Random(settings.seed if settings else 0)
+        super().__init__(settings, acceptance, cost_model)
+        self._previous: dict[str, tuple[ProposerName, int]] = {}
+        self.last_plan: BatchPlan | None = None  # for stats and tests: the last plan, probes included
+
+    def decide(self, batch: BatchView) -> list[Decision]:
+        requests = batch.requests
+        if not requests:
+            return []
+        if self.over_load_limit(len(requests)):
+            for view in requests:
+                self._previous[view.request_id] = ("draft", 0)
+            return [PLAIN] * len(requests)
+        candidates = [self._candidate(view) for view in requests]
+        coeffs = self.cost_model.coefficients()
+        plan = plan_batch(candidates, coeffs, batch.num_prefill_tokens, self.settings.hysteresis)
+        for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
+            self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
+        plan = self.last_plan = self._explore(plan, candidates, coeffs)
+        return [Decision(k, proposer) if k > 0 else PLAIN for k, proposer in zip(plan.ks, plan.proposers, strict=True)]
+
+    def reconfigure(self, settings: PolicySettings) -> None:
+        if settings.seed != self.settings.seed:
+            self._rng = random.Random(settings.seed)
+        super().reconfigure(settings)
+
+    def forget(self, request_id: str) -> None:
+        super().forget(request_id)
+        self._previous.pop(request_id, None)
+
+    def _candidate(self, view: RequestView) -> Candidate:
+        """The request's options: which proposers it may use this step, their alphas, and the k cap."""
+        cap = max(0, min(view.max_k, self.settings.k_max))
+        mode = view.override_mode
+        draft_ok = view.draft_available and mode in ("auto", "draft")
+        min_match = 1 if mode == "ngram" else self.settings.ngram_min_match
+        ngram_ok = mode in ("auto", "ngram") and view.ngram_match_len >= min_match
+        alpha_draft = self.acceptance.alpha(view.request_id, "draft", view.temperature) if draft_ok else 0.0
+        alpha_ngram = self.acceptance.alpha(view.request_id, "ngram", view.temperature) if ngram_ok else 0.0
+        return Candidate(
+            alpha_draft=alpha_draft,
+            max_k_draft=cap if draft_ok else 0,
+            alpha_ngram=alpha_ngram,
+            max_k_ngram=cap if ngram_ok else 0,
+            previous=self._previous.get(view.request_id),
+        )
+
+    def _explore(self, plan: BatchPlan, candidates: list[Candidate], coeffs: CostCoefficients) -> BatchPlan:
+        """Turn some k = 0 requests into short probes; the expected cost of probing stays within budget.
+
+        Each of the n stuck requests probes with probability ``rate``, so a probe is taken only if its
+        predicted goodput loss is at most ``exploration_max_loss / (rate * n)``: one request alone may
+        probe with the draft model, 64 of them may not (but n-gram probes, nearly free, still pass).
+        """
+        rate = self.settings.exploration_rate
+        stuck = [i for i, c in enumerate(candidates) if plan.ks[i] == 0 and (c.max_k_draft or c.max_k_ngram)]
+        if rate <= 0.0 or not stuck:
+            return plan
+        allowed_loss = self.settings.exploration_max_loss / (rate * len(stuck))
+        for index in stuck:
+            if self._rng.random() >= rate:
+                continue
+            candidate = candidates[index]
+            k = self._rng.randint(1, 2)
+            choices: tuple[tuple[ProposerName, float, int], ...] = (
+                ("ngram", candidate.alpha_ngram, candidate.max_k_ngram),
+                ("draft", candidate.alpha_draft, candidate.max_k_draft),
+            )
+            options = [
+                with_probe(plan, coeffs, index, alpha, min(k, cap), proposer)
+                for proposer, alpha, cap in choices
+                if cap > 0
+            ]
+            probed = max(options, key=lambda option: option.goodput)  # the cheaper way to learn
+            if probed.goodput >= (1.0 - allowed_loss) * plan.goodput:
+                plan = probed
+        return plan

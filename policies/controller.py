@@ -1,0 +1,145 @@
+"""The engine's single handle on speculation policy: current settings, the policy, runtime changes, stats.
+
+Operators (an admin route, another thread) call `update` / `replace`, which only validate and stage new
+settings. The engine thread applies them between steps (`apply_pending`, also done at the start of
+every `decide`), so a step never sees half-changed settings. Learned state (acceptance estimates and
+the cost-model fit) is owned here and handed to every policy the controller builds, so it survives
+any settings change, including a change of mode.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from policies.acceptance import AcceptanceEstimator
+from policies.adaptive import AdaptivePolicy
+from policies.base import BatchView, Decision, RoundOutcome, StepTiming
+from policies.cost_model import CostModel
+from policies.fixed import FixedPolicy, OffPolicy
+from policies.learning import LearningPolicy
+from policies.settings import K_LIMIT, PolicySettings
+
+
+def build_policy(
+    settings: PolicySettings,
+    acceptance: AcceptanceEstimator | None = None,
+    cost_model: CostModel | None = None,
+) -> LearningPolicy:
+    """The one place that maps a mode to a policy class."""
+    kind = settings.policy_kind
+    if kind == "off":
+        return OffPolicy(settings, acceptance, cost_model)
+    if kind == "fixed":
+        return FixedPolicy(settings, acceptance, cost_model)
+    return AdaptivePolicy(settings, acceptance, cost_model)
+
+
+class PolicyController:
+    """Implements `SpeculationPolicy` by delegation; thread-safe; see the module docstring."""
+
+    def __init__(self, settings: PolicySettings | None = None) -> None:
+        self._lock = threading.Lock()
+        self._settings = settings or PolicySettings()
+        self._pending: PolicySettings | None = None
+        self._acceptance = AcceptanceEstimator(self._settings)
+        self._cost_model = CostModel()
+        self._policy = build_policy(self._settings, self._acceptance, self._cost_model)
+        self._num_steps = 0
+        self._num_request_steps = 0
+        self._k_counts = [0] * (K_LIMIT + 1)
+        self._proposer_counts = {"draft": 0, "ngram": 0}
+
+    @property
+    def name(self) -> str:
+        return self._policy.name
+
+    @property
+    def settings(self) -> PolicySettings:
+        return self._settings
+
+    @property
+    def pending_settings(self) -> PolicySettings | None:
+        return self._pending
+
+    def update(self, changes: Mapping[str, Any]) -> PolicySettings:
+        """PATCH: merge ``changes`` over the newest settings (staged ones first); stage and return the result.
+
+        Raises `PolicySettingsError` (nothing staged) on an unknown field or a bad value.
+        """
+        with self._lock:
+            staged = PolicySettings.from_dict(changes, self._pending or self._settings)
+            self._pending = staged
+        return staged
+
+    def replace(self, settings: PolicySettings | Mapping[str, Any]) -> PolicySettings:
+        """PUT: stage a complete settings object (a mapping is merged over the defaults)."""
+        if not isinstance(settings, PolicySettings):
+            settings = PolicySettings.from_dict(settings)
+        with self._lock:
+            self._pending = settings
+        return settings
+
+    def apply_pending(self) -> bool:
+        """Swap in staged settings; call between engine steps. True when something changed."""
+        with self._lock:
+            return self._apply_pending_locked()
+
+    def _apply_pending_locked(self) -> bool:
+        new, self._pending = self._pending, None
+        if new is None:
+            return False
+        if new.policy_kind == self._settings.policy_kind:
+            self._policy.reconfigure(new)
+        else:
+            self._policy = build_policy(new, self._acceptance, self._cost_model)
+        self._settings = new
+        return True
+
+    def decide(self, batch: BatchView) -> list[Decision]:
+        with self._lock:
+            self._apply_pending_locked()
+            decisions = self._policy.decide(batch)
+            self._num_steps += 1
+            self._num_request_steps += len(decisions)
+            for decision in decisions:
+                self._k_counts[min(decision.k, K_LIMIT)] += 1
+                if decision.k > 0:
+                    self._proposer_counts[decision.proposer] += 1
+            return decisions
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        with self._lock:
+            self._policy.observe(outcome)
+
+    def observe_step(self, timing: StepTiming) -> None:
+        with self._lock:
+            self._policy.observe_step(timing)
+
+    def forget(self, request_id: str) -> None:
+        with self._lock:
+            self._policy.forget(request_id)
+
+    def stats(self) -> dict[str, Any]:
+        """A JSON-able snapshot for operators (admin endpoint, metrics exporter)."""
+        with self._lock:
+            highest = max((k for k, count in enumerate(self._k_counts) if count), default=0)
+            top = max(self._settings.k_max, highest)
+            num_plain = self._k_counts[0]
+            return {
+                "policy": self._policy.name,
+                "mode": self._settings.mode,
+                "settings": self._settings.to_dict(),
+                "pending_settings": self._pending.to_dict() if self._pending else None,
+                "num_steps": self._num_steps,
+                "acceptance": self._acceptance.summary(),
+                "chosen_k": {
+                    "histogram": self._k_counts[: top + 1],
+                    "num_request_steps": self._num_request_steps,
+                    "plain_decode_fraction": num_plain / self._num_request_steps if self._num_request_steps else None,
+                    "by_proposer": dict(self._proposer_counts),
+                },
+                "cost_model": self._cost_model.fit_summary(),
+                "num_tracked_requests": self._acceptance.num_tracked_requests,
+            }

@@ -1,0 +1,228 @@
+"""An online model of what one engine step costs, fitted from measured `StepTiming`s.
+
+target step:  seconds = a + b * batch_size + c * num_tokens
+draft model:  seconds = num_passes * (d + e * num_draft_requests)
+
+The draft runs one sequential forward pass per drafted position for all of its users at once, so its
+time grows with the largest k among them, not with the sum. Fits are ridge regressions over a window
+of recent steps (512), pulled towards a prior scaled to the measured level: the relative defaults at
+first, later the last values the data determined well. Directions the window does not determine (e.g.
+b vs c while every step feeds one token per request) stay at the prior instead of swinging to
+nonsense, and negative coefficients are clamped to zero.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from policies.base import StepTiming
+
+# Relative defaults before data: verifying k+1 = 5 tokens at batch 1 costs ~1.05 of a 1-token step
+# (memory-bound), and one draft forward pass costs ~0.2 of a target step.
+# Unidentified cost (every step feeding one token per request makes b and c inseparable) is put mostly on
+# c, the per-token cost: that errs towards plain decode, the choice that cannot lose.
+DEFAULT_VERIFY = (0.010, 2e-5, 1e-4)
+DRAFT_RELATIVE_COST = 0.2
+MIN_SECONDS = 1e-6
+PRIOR_PSEUDO_OBSERVATIONS = 2.0  # the defaults weigh as much as this many observations' spread
+PRIOR_FLOOR = 1e-3  # keeps fully collinear directions at the prior
+WELL_DETERMINED = 0.05  # max relative error of a coefficient's share of a step for it to count as learned
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    """How a step would use the draft model: passes = largest k of its users."""
+
+    num_passes: int
+    num_requests: int
+
+
+@dataclass(frozen=True)
+class CostCoefficients:
+    a: float  # seconds per target step
+    b: float  # seconds per request in the step
+    c: float  # seconds per token fed to the target
+    d: float  # seconds per draft forward pass
+    e: float  # seconds per draft request per pass
+
+    def target_seconds(self, batch_size: int, num_tokens: int) -> float:
+        return max(MIN_SECONDS, self.a + self.b * batch_size + self.c * num_tokens)
+
+    def draft_seconds(self, plan: DraftPlan | None) -> float:
+        if plan is None or plan.num_passes <= 0 or plan.num_requests <= 0:
+            return 0.0
+        return plan.num_passes * (self.d + self.e * plan.num_requests)
+
+    def step_seconds(self, batch_size: int, num_tokens: int, plan: DraftPlan | None = None) -> float:
+        return self.target_seconds(batch_size, num_tokens) + self.draft_seconds(plan)
+
+
+class _Window:
+    """Fixed-size ring buffer of regression rows (features, seconds)."""
+
+    def __init__(self, size: int, num_features: int) -> None:
+        self.features = np.zeros((size, num_features))
+        self.seconds = np.zeros(size)
+        self.count = 0
+
+    def add(self, features: tuple[float, ...], seconds: float) -> None:
+        row = self.count % len(self.seconds)
+        self.features[row] = features
+        self.seconds[row] = seconds
+        self.count += 1
+
+    def rows(self) -> tuple[np.ndarray, np.ndarray]:
+        filled = min(self.count, len(self.seconds))
+        return self.features[:filled], self.seconds[:filled]
+
+
+@dataclass(frozen=True)
+class RegressionFit:
+    coef: np.ndarray
+    well_determined: np.ndarray  # per coefficient: does the window's data pin it down?
+    rmse: float
+
+
+def ridge_fit_nonnegative(features: np.ndarray, seconds: np.ndarray, prior: np.ndarray) -> RegressionFit:
+    """Least squares pulled towards ``prior`` (rescaled to the data's level), with coefficients >= 0.
+
+    The pull is weighted by each feature's spread (a coefficient is learned from how its feature varies,
+    not from its level), plus a floor that settles directions the data cannot see at all. Negative
+    coefficients are fixed at zero and the rest refitted (a tiny active-set loop). A coefficient is
+    well determined when the data alone would fix its contribution to a typical step within 5%.
+    """
+    predicted_by_prior = float((features @ prior).sum())
+    scale = float(seconds.sum()) / predicted_by_prior if predicted_by_prior > 0 else 1.0
+    anchor = prior * max(scale, 0.0)
+    floor = PRIOR_FLOOR * (features**2).mean(axis=0) + 1e-18
+    ridge = PRIOR_PSEUDO_OBSERVATIONS * features.var(axis=0) + floor
+    free = np.ones(len(prior), dtype=bool)
+    coef = np.zeros(len(prior))
+    for _ in range(len(prior)):
+        x = features[:, free]
+        coef = np.zeros(len(prior))
+        coef[free] = np.linalg.solve(x.T @ x + np.diag(ridge[free]), x.T @ seconds + ridge[free] * anchor[free])
+        if (coef >= 0).all():
+            break
+        free &= coef > 0
+        if not free.any():
+            return RegressionFit(np.zeros(len(prior)), np.zeros(len(prior), dtype=bool), 0.0)
+    coef = np.maximum(coef, 0.0)
+    residual = seconds - features @ coef
+    rmse = float(np.sqrt((residual**2).mean()))
+    x = features[:, free]
+    variance = rmse**2 * np.diag(np.linalg.inv(x.T @ x + np.diag(floor[free])))
+    well = np.zeros(len(prior), dtype=bool)
+    contribution_error = np.sqrt(variance) * np.abs(features[:, free]).mean(axis=0)
+    well[free] = contribution_error <= WELL_DETERMINED * float(np.abs(seconds).mean())
+    return RegressionFit(coef, well, rmse)
+
+
+class _OnlineFit:
+    """A windowed regression that remembers each coefficient's last well-determined value.
+
+    A window of steady traffic (same batch size, plain decode) says nothing about what an extra token
+    costs; refitting it from scratch would drift back to the defaults and, next time, mislead the policy
+    into speculating. So the prior of every fit is the last well-determined coefficients, not the defaults.
+    """
+
+    def __init__(self, window: int, num_features: int) -> None:
+        self.window = _Window(window, num_features)
+        self.remembered: np.ndarray | None = None
+        self.ever_determined = np.zeros(num_features, dtype=bool)
+        self.rmse = 0.0
+
+    def learned(self) -> list[bool]:
+        """Per coefficient: has some window of data ever pinned it down (else it still leans on defaults)?"""
+        return [bool(v) for v in self.ever_determined]
+
+    def fit(self, default: np.ndarray, min_observations: int) -> tuple[np.ndarray, str]:
+        """(coefficients, source) where source is fit | scaled_default | default."""
+        features, seconds = self.window.rows()
+        prior = default if self.remembered is None else np.where(self.remembered > 0, self.remembered, default)
+        if len(seconds) == 0:
+            return prior, "default"
+        if len(seconds) < min_observations:  # too few to fit: keep the prior's shape at the measured level
+            return prior * float(seconds.sum() / max((features @ prior).sum(), 1e-18)), "scaled_default"
+        result = ridge_fit_nonnegative(features, seconds, prior)
+        base = prior if self.remembered is None else self.remembered
+        self.remembered = np.where(result.well_determined, result.coef, base)
+        self.ever_determined |= result.well_determined
+        self.rmse = result.rmse
+        return result.coef, "fit"
+
+
+class CostModel:
+    """Windowed online fit of the step-cost coefficients, refitted as observations arrive."""
+
+    def __init__(self, window: int = 512, min_observations: int = 4, refit_every: int = 8) -> None:
+        self._target = _OnlineFit(window, 3)
+        self._draft = _OnlineFit(window, 2)
+        self._min_observations = min_observations
+        self._refit_every = refit_every
+        self._num_unfitted = 0
+        self._verify_override: tuple[float, float, float] | None = None
+        self._draft_override: float | None = None
+        self._fitted: CostCoefficients | None = None
+        self._sources = ("default", "default")
+
+    def configure(
+        self, verify_override: tuple[float, float, float] | None = None, draft_override: float | None = None
+    ) -> None:
+        """Operator overrides: (a, b, c) for the target; seconds per draft pass (the batch term dropped)."""
+        self._verify_override = verify_override
+        self._draft_override = draft_override
+
+    def observe(self, timing: StepTiming) -> None:
+        if timing.batch_size <= 0 or not math.isfinite(timing.target_seconds) or timing.target_seconds <= 0:
+            return
+        self._target.window.add((1.0, timing.batch_size, timing.num_tokens), timing.target_seconds)
+        if timing.num_draft_requests > 0 and timing.num_draft_tokens > 0 and timing.draft_seconds > 0:
+            passes = timing.num_draft_passes or math.ceil(timing.num_draft_tokens / timing.num_draft_requests)
+            self._draft.window.add((passes, passes * timing.num_draft_requests), timing.draft_seconds)
+        self._num_unfitted += 1
+        if self._num_unfitted >= self._refit_every or self._target.window.count <= 4 * self._min_observations:
+            self._refit()  # every step at first, later every few: one step barely moves the fit
+
+    def _refit(self) -> None:
+        self._fitted = self._fit()
+        self._num_unfitted = 0
+
+    def coefficients(self) -> CostCoefficients:
+        if self._fitted is None:
+            self._refit()
+        fitted = self._fitted
+        a, b, c = self._verify_override or (fitted.a, fitted.b, fitted.c)
+        d, e = (self._draft_override, 0.0) if self._draft_override is not None else (fitted.d, fitted.e)
+        return CostCoefficients(a=a, b=b, c=c, d=d, e=e)
+
+    def predict_step(self, batch_size: int, num_tokens: int, draft_plan: DraftPlan | None = None) -> float:
+        return self.coefficients().step_seconds(batch_size, num_tokens, draft_plan)
+
+    def _fit(self) -> CostCoefficients:
+        verify, verify_source = self._target.fit(np.array(DEFAULT_VERIFY), self._min_observations)
+        a, b, c = max(float(verify[0]), MIN_SECONDS), float(verify[1]), float(verify[2])
+        draft_default = np.array([DRAFT_RELATIVE_COST * a, DRAFT_RELATIVE_COST * (b + c)])
+        draft, draft_source = self._draft.fit(draft_default, self._min_observations)
+        self._sources = (verify_source, draft_source)
+        return CostCoefficients(a=a, b=b, c=c, d=float(draft[0]), e=float(draft[1]))
+
+    def fit_summary(self) -> dict[str, Any]:
+        """JSON-able description of the current fit for operators."""
+        coef = self.coefficients()
+        verify_source, draft_source = self._sources
+        return {
+            "verify_source": "override" if self._verify_override else verify_source,
+            "draft_source": "override" if self._draft_override is not None else draft_source,
+            "num_observations": self._target.window.count,
+            "num_draft_observations": self._draft.window.count,
+            "verify_seconds": {"fixed": coef.a, "per_request": coef.b, "per_token": coef.c},
+            "verify_learned": dict(zip(("fixed", "per_request", "per_token"), self._target.learned(), strict=True)),
+            "draft_seconds": {"per_pass": coef.d, "per_request_per_pass": coef.e},
+            "verify_rmse_seconds": self._target.rmse,
+            "draft_cost_ratio": coef.d / coef.a if coef.a > 0 else None,
+        }

@@ -1,0 +1,62 @@
+"""The two non-adaptive policies: `off` (always plain decode) and `fixed` (one k, one proposer).
+
+They still feed the shared learned state, so statistics keep accumulating and a later switch to the
+adaptive policy starts informed.
+"""
+
+from __future__ import annotations
+
+from policies.acceptance import AcceptanceEstimator
+from policies.base import BatchView, Decision, ProposerName, RequestView
+from policies.cost_model import CostModel
+from policies.learning import LearningPolicy
+from policies.settings import PolicySettings
+
+PLAIN = Decision(k=0)
+
+
+class OffPolicy(LearningPolicy):
+    """Plain decode for everyone, whatever the requests ask for (the operator's kill switch)."""
+
+    name = "off"
+
+    def decide(self, batch: BatchView) -> list[Decision]:
+        return [PLAIN] * len(batch.requests)
+
+
+class FixedPolicy(LearningPolicy):
+    """k = min(settings.k, k_max, request max_k) with the mode's proposer, or the request's override.
+
+    A request that cannot use its proposer this step (no draft model; no n-gram match) decodes plainly.
+    """
+
+    name = "fixed"
+
+    def __init__(
+        self,
+        settings: PolicySettings | None = None,
+        acceptance: AcceptanceEstimator | None = None,
+        cost_model: CostModel | None = None,
+    ) -> None:
+        self.proposer: ProposerName = "draft"
+        super().__init__(settings, acceptance, cost_model)
+
+    def reconfigure(self, settings: PolicySettings) -> None:
+        super().reconfigure(settings)
+        self.proposer = "ngram" if settings.mode == "ngram" else "draft"
+
+    def decide(self, batch: BatchView) -> list[Decision]:
+        if self.over_load_limit(len(batch.requests)):
+            return [PLAIN] * len(batch.requests)
+        return [self._decide_one(view) for view in batch.requests]
+
+    def _decide_one(self, view: RequestView) -> Decision:
+        if view.override_mode == "off":
+            return PLAIN
+        proposer: ProposerName = self.proposer
+        if view.override_mode == "draft" or view.override_mode == "ngram":
+            proposer = view.override_mode
+        if (proposer == "draft" and not view.draft_available) or (proposer == "ngram" and view.ngram_match_len < 1):
+            return PLAIN
+        k = min(self.settings.k, self.settings.k_max, view.max_k)
+        return Decision(k, proposer) if k > 0 else PLAIN

@@ -1,0 +1,53 @@
+"""What every policy does with observations: feed the shared acceptance estimator and cost model.
+
+The learned state lives outside the policy objects so that the controller can hand it from one policy
+to the next when the settings (or the mode) change: switching from `fixed` to `auto` starts with
+everything the fixed policy saw.
+"""
+
+from __future__ import annotations
+
+from policies.acceptance import AcceptanceEstimator
+from policies.base import BatchView, Decision, RoundOutcome, StepTiming
+from policies.cost_model import CostModel
+from policies.settings import PolicySettings
+
+
+class LearningPolicy:
+    """Base of the concrete policies: holds settings and the shared learned state; subclasses decide."""
+
+    name = "learning"
+
+    def __init__(
+        self,
+        settings: PolicySettings | None = None,
+        acceptance: AcceptanceEstimator | None = None,
+        cost_model: CostModel | None = None,
+    ) -> None:
+        self.settings = settings or PolicySettings()
+        self.acceptance = acceptance or AcceptanceEstimator()
+        self.cost_model = cost_model or CostModel()
+        self.reconfigure(self.settings)
+
+    def reconfigure(self, settings: PolicySettings) -> None:
+        """Adopt new settings of the same mode, keeping everything learned (called between steps)."""
+        self.settings = settings
+        self.acceptance.configure(settings)
+        self.cost_model.configure(settings.verify_cost_coefficients, settings.draft_cost_per_token)
+
+    def decide(self, batch: BatchView) -> list[Decision]:
+        raise NotImplementedError
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        self.acceptance.observe(outcome)
+
+    def observe_step(self, timing: StepTiming) -> None:
+        self.cost_model.observe(timing)
+
+    def forget(self, request_id: str) -> None:
+        self.acceptance.forget(request_id)
+
+    def over_load_limit(self, num_requests: int) -> bool:
+        """The operator's hard load knob: above it every request decodes plainly."""
+        limit = self.settings.max_batch_for_speculation
+        return limit is not None and num_requests > limit

@@ -1,0 +1,89 @@
+"""AcceptanceEstimator: per-position alpha, temperature-bucket priors, warm-up, floor, forgetting."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from policies import AcceptanceEstimator, PolicySettings, RoundOutcome, temperature_bucket
+
+
+def geometric_rounds(rng: random.Random, alpha: float, k: int, n: int, request_id: str = "r", temperature=0.0):
+    for _ in range(n):
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        yield RoundOutcome(request_id, "draft", temperature, k, accepted)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "bucket"), [(0.0, 0), (0.3, 1), (0.5, 1), (0.7, 2), (1.0, 3), (1.3, 3), (2.0, 4)]
+)
+def test_temperature_buckets(temperature: float, bucket: int) -> None:
+    assert temperature_bucket(temperature) == bucket
+
+
+def test_estimate_is_the_per_position_rate_not_accepted_over_drafted() -> None:
+    rng = random.Random(0)
+    estimator = AcceptanceEstimator(PolicySettings(ewma_weight=0.02))
+    rounds = list(geometric_rounds(rng, 0.8, 8, 2000))
+    for outcome in rounds:
+        estimator.observe(outcome)
+    naive = sum(o.num_accepted for o in rounds) / sum(o.num_drafted for o in rounds)
+    assert naive < 0.6  # accepted / drafted is badly biased at k = 8
+    assert estimator.alpha("r", "draft", 0.0) == pytest.approx(0.8, abs=0.05)
+
+
+def test_new_request_starts_at_its_buckets_prior() -> None:
+    estimator = AcceptanceEstimator(PolicySettings(prior_alpha_draft=0.6))
+    assert estimator.alpha("new", "draft", 0.0) == pytest.approx(0.6)
+    assert estimator.alpha("new", "draft", 1.2) < estimator.alpha("new", "draft", 0.0)
+    rng = random.Random(1)
+    for index in range(50):  # other requests at T=1.2 accept little
+        for outcome in geometric_rounds(rng, 0.2, 4, 5, f"hot-{index}", temperature=1.2):
+            estimator.observe(outcome)
+    assert estimator.prior("draft", 1.2) == pytest.approx(0.2, abs=0.05)
+    assert estimator.alpha("new", "draft", 1.1) == pytest.approx(0.2, abs=0.05)  # same bucket
+    assert estimator.alpha("new", "draft", 0.0) == pytest.approx(0.6)  # other buckets untouched
+
+
+def test_warmup_blends_from_prior_to_own_rate() -> None:
+    estimator = AcceptanceEstimator(PolicySettings(prior_alpha_draft=0.5, warmup_rounds=4, ewma_weight=0.5))
+    seen = []
+    for _ in range(6):
+        estimator.observe(RoundOutcome("r", "draft", 0.0, 4, 4))
+        seen.append(estimator.alpha("r", "draft", 0.0))
+    assert seen == sorted(seen) and seen[0] < seen[-1]
+    assert seen[0] < 0.75 and seen[-1] > 0.85
+
+
+def test_floor_and_ceiling() -> None:
+    settings = PolicySettings(alpha_floor=0.3, prior_alpha_draft=0.2, warmup_rounds=0, ewma_weight=0.1)
+    estimator = AcceptanceEstimator(settings)
+    for _ in range(30):
+        estimator.observe(RoundOutcome("bad", "draft", 0.0, 4, 0))
+        estimator.observe(RoundOutcome("good", "ngram", 0.0, 8, 8))
+    assert estimator.alpha("bad", "draft", 0.0) == pytest.approx(0.3)
+    assert estimator.alpha("good", "ngram", 0.0) < 1.0
+
+
+def test_proposers_are_separate_and_forget_drops_the_request() -> None:
+    estimator = AcceptanceEstimator(PolicySettings(warmup_rounds=0, ewma_weight=0.1))
+    for _ in range(30):
+        estimator.observe(RoundOutcome("r", "ngram", 0.0, 4, 0))
+    assert estimator.alpha("r", "ngram", 0.0) < 0.3
+    assert estimator.alpha("r", "draft", 0.0) == pytest.approx(estimator.prior("draft", 0.0))
+    assert estimator.num_tracked_requests == 1
+    estimator.forget("r")
+    assert estimator.num_tracked_requests == 0
+
+
+def test_zero_drafted_rounds_are_ignored_and_summary_counts() -> None:
+    estimator = AcceptanceEstimator()
+    estimator.observe(RoundOutcome("r", "draft", 0.0, 0, 0))
+    estimator.observe(RoundOutcome("r", "draft", 0.0, 4, 3))
+    summary = estimator.summary()["draft"]
+    assert (summary["num_rounds"], summary["num_drafted"], summary["num_accepted"]) == (1, 4, 3)
+    assert summary["acceptance_rate"] == pytest.approx(0.75)
+    assert estimator.summary()["ngram"]["acceptance_rate"] is None

@@ -1,0 +1,116 @@
+"""PolicyController: staged runtime changes, kept statistics, JSON stats, thread safety."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from policies import (
+    AdaptivePolicy,
+    BatchView,
+    FixedPolicy,
+    OffPolicy,
+    PolicyController,
+    PolicySettings,
+    PolicySettingsError,
+    RequestView,
+    RoundOutcome,
+    StepTiming,
+    build_policy,
+)
+
+BATCH = BatchView(tuple(RequestView(f"r{i}", 0.0, 0, 8, 0) for i in range(4)))
+
+
+@pytest.mark.parametrize(("mode", "cls"), [("auto", AdaptivePolicy), ("off", OffPolicy), ("draft", FixedPolicy)])
+def test_build_policy(mode: str, cls: type) -> None:
+    assert isinstance(build_policy(PolicySettings(mode=mode)), cls)
+
+
+def test_update_is_staged_until_applied() -> None:
+    controller = PolicyController(PolicySettings(mode="draft", k=2))
+    staged = controller.update({"k": 3})
+    assert staged.k == 3 and controller.settings.k == 2 and controller.pending_settings == staged
+    assert controller.update({"k_max": 5}).k == 3  # a second PATCH merges over the staged one
+    assert controller.apply_pending() is True
+    assert (controller.settings.k, controller.settings.k_max) == (3, 5)
+    assert controller.apply_pending() is False
+
+
+def test_decide_applies_pending_settings_first() -> None:
+    controller = PolicyController(PolicySettings(mode="draft", k=2))
+    controller.update({"mode": "off"})
+    assert {d.k for d in controller.decide(BATCH)} == {0}
+    assert controller.name == "off"
+
+
+def test_invalid_update_stages_nothing() -> None:
+    controller = PolicyController()
+    with pytest.raises(PolicySettingsError, match="ewma_weight"):
+        controller.update({"ewma_weight": 2})
+    with pytest.raises(PolicySettingsError, match="bogus"):
+        controller.update({"bogus": 1})
+    assert controller.pending_settings is None
+
+
+def test_replace_starts_from_defaults() -> None:
+    controller = PolicyController(PolicySettings(k_max=4, hysteresis=0.2))
+    controller.replace({"mode": "off"})
+    controller.apply_pending()
+    assert controller.settings == PolicySettings(mode="off")
+
+
+def test_learned_state_survives_any_settings_change() -> None:
+    controller = PolicyController(PolicySettings(mode="draft"))
+    for _ in range(10):
+        controller.observe(RoundOutcome("r", "draft", 0.0, 4, 4))
+        controller.observe_step(StepTiming(8, 40, 0.02, 32, 0.004, 8, 4))
+    before = controller.stats()
+    for changes in ({"mode": "off"}, {"mode": "auto"}, {"ewma_weight": 0.5}):
+        controller.update(changes)
+        controller.apply_pending()
+    after = controller.stats()
+    assert after["acceptance"] == before["acceptance"]
+    assert after["cost_model"]["num_observations"] == 10
+    assert after["num_tracked_requests"] == 1
+    controller.forget("r")
+    assert controller.stats()["num_tracked_requests"] == 0
+
+
+def test_stats_are_json_and_count_decisions() -> None:
+    controller = PolicyController(PolicySettings(mode="draft", k=3, k_max=4))
+    controller.decide(BATCH)
+    controller.update({"mode": "off"})
+    controller.decide(BATCH)
+    stats = json.loads(json.dumps(controller.stats()))
+    assert stats["chosen_k"]["histogram"] == [4, 0, 0, 4, 0]
+    assert stats["chosen_k"]["plain_decode_fraction"] == pytest.approx(0.5)
+    assert stats["chosen_k"]["by_proposer"] == {"draft": 4, "ngram": 0}
+    assert stats["mode"] == "off" and stats["policy"] == "off" and stats["num_steps"] == 2
+    assert set(stats["acceptance"]) == {"draft", "ngram"}
+    assert "verify_seconds" in stats["cost_model"]
+
+
+def test_concurrent_updates_while_the_engine_steps() -> None:
+    controller = PolicyController()
+    errors: list[BaseException] = []
+
+    def operator() -> None:
+        try:
+            for i in range(200):
+                controller.update({"mode": ("auto", "draft", "off")[i % 3], "k_max": 1 + i % 8})
+                controller.stats()
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    for step in range(200):
+        decisions = controller.decide(BATCH)
+        assert len(decisions) == len(BATCH.requests)
+        assert all(d.k <= controller.settings.k_max for d in decisions)
+        controller.observe_step(StepTiming(4, 4 + sum(d.k for d in decisions), 0.01 + step * 1e-6))
+    thread.join()
+    assert not errors

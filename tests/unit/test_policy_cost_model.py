@@ -1,0 +1,118 @@
+"""CostModel: relative defaults before data, recovery of known costs, guards against degenerate fits."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from policies import CostModel, DraftPlan, StepTiming
+
+TRUE = {"a": 8e-3, "b": 5e-5, "c": 2.5e-4, "d": 1.5e-3, "e": 2e-5}
+
+
+def timing(batch: int, tokens: int, passes: int = 0, users: int = 0, noise: float = 0.0, rng=None) -> StepTiming:
+    jitter = (lambda: 1.0 + rng.gauss(0, noise)) if rng else (lambda: 1.0)
+    target = (TRUE["a"] + TRUE["b"] * batch + TRUE["c"] * tokens) * jitter()
+    draft = passes * (TRUE["d"] + TRUE["e"] * users) * jitter() if users else 0.0
+    return StepTiming(batch, tokens, target, passes * users, draft, users, passes)
+
+
+def test_defaults_before_data_are_relative_and_sane() -> None:
+    model = CostModel()
+    one_token = model.predict_step(1, 1)
+    assert model.predict_step(1, 5) == pytest.approx(one_token, rel=0.1)  # verifying k+1 ~ one decode step
+    draft_pass = model.predict_step(1, 1, DraftPlan(1, 1)) - one_token
+    assert draft_pass == pytest.approx(0.2 * one_token, rel=0.1)
+    assert model.fit_summary()["verify_source"] == "default"
+
+
+def test_recovers_known_coefficients_from_varied_steps() -> None:
+    rng = random.Random(0)
+    model = CostModel()
+    for _ in range(400):
+        batch = rng.randint(1, 64)
+        passes = rng.randint(0, 6)
+        users = rng.randint(1, batch) if passes else 0
+        model.observe(timing(batch, batch + rng.randint(0, 6) * batch // 2, passes, users, 0.02, rng))
+    coef = model.coefficients()
+    assert coef.a == pytest.approx(TRUE["a"], rel=0.05)
+    assert coef.c == pytest.approx(TRUE["c"], rel=0.05)
+    assert coef.b == pytest.approx(TRUE["b"], abs=2e-5)
+    assert coef.d == pytest.approx(TRUE["d"], rel=0.05)
+    assert model.fit_summary()["verify_source"] == "fit"
+
+
+def test_collinear_plain_decode_data_stays_non_negative_and_matches_the_level() -> None:
+    model = CostModel()
+    for _ in range(100):  # every step: batch 32, one token each -> a, b, c not separable
+        model.observe(timing(32, 32))
+    coef = model.coefficients()
+    assert min(coef.a, coef.b, coef.c, coef.d, coef.e) >= 0.0
+    assert model.predict_step(32, 32) == pytest.approx(timing(32, 32).target_seconds, rel=0.01)
+    assert coef.c > coef.b  # unidentified cost goes to tokens: errs towards plain decode
+
+
+def test_negative_slope_is_clamped() -> None:
+    model = CostModel()
+    for tokens in range(1, 60):  # more tokens, less time: nonsense that must not yield negative costs
+        model.observe(StepTiming(batch_size=1, num_tokens=tokens, target_seconds=0.02 - 2e-4 * tokens))
+    coef = model.coefficients()
+    assert coef.c >= 0.0 and coef.b >= 0.0 and coef.a > 0.0
+
+
+def test_window_forgets_an_old_regime() -> None:
+    rng = random.Random(1)
+    model = CostModel(window=128)
+    for _ in range(300):
+        batch = rng.randint(1, 32)
+        model.observe(StepTiming(batch, batch * 2, 0.050 + 1e-3 * batch * 2))  # old, slow hardware
+    for _ in range(300):
+        batch = rng.randint(1, 32)
+        model.observe(timing(batch, batch * rng.randint(1, 4)))
+    assert model.coefficients().a == pytest.approx(TRUE["a"], rel=0.05)
+
+
+def test_draft_passes_estimated_when_unknown() -> None:
+    model = CostModel()
+    for users in range(1, 30):
+        real = timing(users, users * 4, passes=3, users=users)
+        model.observe(
+            StepTiming(real.batch_size, real.num_tokens, real.target_seconds, 3 * users, real.draft_seconds, users)
+        )
+    assert model.coefficients().d == pytest.approx(TRUE["d"], rel=0.05)
+
+
+def test_overrides_replace_the_fit() -> None:
+    model = CostModel()
+    model.configure(verify_override=(0.1, 0.0, 0.01), draft_override=0.05)
+    assert model.predict_step(2, 10) == pytest.approx(0.2)
+    assert model.predict_step(2, 10, DraftPlan(3, 2)) == pytest.approx(0.35)  # per pass, batch term dropped
+    assert model.fit_summary()["verify_source"] == "override"
+
+
+def test_bad_timings_are_ignored_and_summary_is_json() -> None:
+    model = CostModel()
+    model.observe(StepTiming(0, 0, 0.01))
+    model.observe(StepTiming(4, 4, float("nan")))
+    model.observe(StepTiming(4, 4, -1.0))
+    assert model.fit_summary()["num_observations"] == 0
+    model.observe(timing(4, 8))
+    summary = model.fit_summary()
+    json.dumps(summary)
+    assert summary["verify_source"] == "scaled_default"
+    assert model.predict_step(4, 8) == pytest.approx(timing(4, 8).target_seconds, rel=1e-6)
+
+
+def test_steady_traffic_does_not_erase_a_learned_token_cost() -> None:
+    """Regression: a window of equal plain-decode steps used to drift c back to the defaults."""
+    rng = random.Random(2)
+    model = CostModel(window=64)
+    for _ in range(64):
+        batch = rng.randint(8, 24)
+        model.observe(timing(batch, batch * rng.randint(1, 4), noise=0.02, rng=rng))
+    for _ in range(200):  # the window now holds nothing but batch 16, one token each
+        model.observe(timing(16, 16, noise=0.02, rng=rng))
+    assert model.coefficients().c == pytest.approx(TRUE["c"], rel=0.15)
+    assert model.fit_summary()["verify_learned"]["per_token"] is True

@@ -1,0 +1,86 @@
+"""plan_batch: Leviathan's formula, exactness against brute force, hysteresis."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies import Candidate, CostCoefficients, DraftPlan, expected_tokens, plan_batch
+
+COEFFS = CostCoefficients(a=8e-3, b=5e-5, c=2.5e-4, d=1.5e-3, e=2e-5)
+
+
+def test_expected_tokens() -> None:
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.0, 8) == 1.0
+
+
+def brute_force_goodput(candidates: list[Candidate], coeffs: CostCoefficients, prefill: int) -> float:
+    options = []
+    for c in candidates:
+        mine = [(0, "plain", 1.0)]
+        mine += [(k, "draft", expected_tokens(c.alpha_draft, k)) for k in range(1, c.max_k_draft + 1)]
+        mine += [(k, "ngram", expected_tokens(c.alpha_ngram, k)) for k in range(1, c.max_k_ngram + 1)]
+        options.append(mine)
+    best = 0.0
+    n = len(candidates)
+    for combo in itertools.product(*options):
+        draft_ks = [k for k, proposer, _ in combo if proposer == "draft"]
+        plan = DraftPlan(max(draft_ks), len(draft_ks)) if draft_ks else None
+        seconds = coeffs.step_seconds(n, n + prefill + sum(k for k, _, _ in combo), plan)
+        best = max(best, sum(tokens for _, _, tokens in combo) / seconds)
+    return best
+
+
+candidate = st.builds(
+    Candidate,
+    alpha_draft=st.floats(0.05, 0.99),
+    max_k_draft=st.integers(0, 3),
+    alpha_ngram=st.floats(0.05, 0.99),
+    max_k_ngram=st.integers(0, 3),
+)
+coefficients = st.builds(
+    CostCoefficients,
+    a=st.floats(1e-3, 1e-2),
+    b=st.floats(0.0, 1e-3),
+    c=st.floats(0.0, 5e-3),
+    d=st.floats(0.0, 5e-3),
+    e=st.floats(0.0, 1e-3),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(candidate, min_size=1, max_size=3), coefficients, st.integers(0, 20))
+def test_plan_is_the_exact_optimum(candidates: list[Candidate], coeffs: CostCoefficients, prefill: int) -> None:
+    plan = plan_batch(candidates, coeffs, prefill)
+    assert plan.goodput >= brute_force_goodput(candidates, coeffs, prefill) * (1 - 1e-9)
+    for c, k, proposer in zip(candidates, plan.ks, plan.proposers, strict=True):
+        if k:
+            assert k <= (c.max_k_draft if proposer == "draft" else c.max_k_ngram)
+
+
+def test_cheap_tokens_and_high_alpha_give_long_drafts() -> None:
+    plan = plan_batch([Candidate(0.95, 8, 0.0, 0)], COEFFS)
+    assert plan.ks == (8,) and plan.proposers == ("draft",)
+
+
+def test_expensive_tokens_give_plain_decode() -> None:
+    compute_bound = CostCoefficients(a=1e-3, b=0.0, c=1e-3, d=5e-4, e=1e-5)
+    plan = plan_batch([Candidate(0.7, 8, 0.0, 0)] * 64, compute_bound)
+    assert set(plan.ks) == {0}
+
+
+def test_hysteresis_keeps_a_slightly_worse_previous_choice() -> None:
+    free = Candidate(0.6, 8, 0.0, 0)
+    best = plan_batch([free], COEFFS).ks[0]
+    neighbour = best - 1
+    sticky = Candidate(0.6, 8, 0.0, 0, previous=("draft", neighbour))
+    assert plan_batch([sticky], COEFFS, hysteresis=0.05).ks[0] == neighbour
+    assert plan_batch([sticky], COEFFS, hysteresis=0.0).ks[0] == best
+    far = Candidate(0.6, 8, 0.0, 0, previous=("draft", 8))  # far worse than hysteresis allows
+    assert plan_batch([far], COEFFS, hysteresis=0.01).ks[0] == best
