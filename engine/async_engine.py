@@ -79,7 +79,16 @@ class AsyncEngine:
             stream.loop.call_soon_threadsafe(_resolve, added, None)
 
         self._submit(add)
-        error = await added
+        try:
+            error = await added
+        except asyncio.CancelledError:
+            def drop() -> None:  # queued after add(): abort the request if add() registered it for this stream
+                if self._streams.get(request_id) is stream:
+                    del self._streams[request_id]
+                    self.engine.abort(request_id)
+
+            self._submit(drop)  # the consumer left before the loop accepted the request: don't run it orphaned
+            raise
         if error is not None:
             raise error
         finished = False

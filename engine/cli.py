@@ -1,9 +1,10 @@
 """Engine subcommands of the ``specserve`` CLI: ``generate`` and ``policy show|set``.
 
 ``generate`` writes only the generated text to stdout (streaming); progress and logs go
-to stderr. ``policy`` reads and edits the policy file that ``generate`` and ``serve``
-start from (``--policy-file``, default ``~/.config/specserve/policy.json``), or, with
-``--url``, a running server's ``/admin/policy``.
+to stderr. ``policy`` reads and edits the local policy file that ``generate`` starts from
+(``--policy-file``, default ``~/.config/specserve/policy.json``), or, with ``--url``, a
+running server's ``/admin/policy`` (a server's policy lives in the server, and in Redis
+when replicas share one).
 """
 
 from __future__ import annotations
@@ -91,9 +92,9 @@ def build_llm_engine(args: argparse.Namespace):
 
 def run_generate(args: argparse.Namespace) -> int:
     try:
-        engine = build_llm_engine(args)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, seed=args.seed)
+                                top_k=args.top_k, seed=args.seed)  # validated before the slow model load
+        engine = build_llm_engine(args)
         engine.add_request(uuid.uuid4().hex, engine.tokenizer.encode(args.prompt), params)
     except (EngineError, ValueError) as exc:
         print(f"specserve: error: {exc}", file=sys.stderr)

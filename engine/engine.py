@@ -191,6 +191,8 @@ class LLMEngine:
             k = min(decision.k, view.max_k) if decision.proposer in self.proposers else 0
             while k > 0 and not cache.can_reserve(r.request_id, r.num_tokens + k):
                 k -= 1
+            if k > 0:  # take the room now, so the next requests of this batch see it as used
+                cache.reserve(r.request_id, r.num_tokens + k)
             plans.append(Planned(r, k, decision.proposer))
         return plans
 

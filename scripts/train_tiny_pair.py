@@ -243,7 +243,7 @@ def train(model, stream, held, steps: int, batch: int, peak_lr: float, log: str,
         if step % 50 == 0 or step == steps - 1:
             rate = (step + 1) * batch * SEQ_LEN / (time.time() - start)
             print(f"[{log}] step {step}/{steps} loss {loss.item():.3f} {rate:.0f} tok/s", flush=True)
-        if ckpt_dir is not None and (step + 1) % 500 == 0:
+        if ckpt_dir is not None and (step + 1) % 300 == 0:
             save(model, ckpt_dir)
             print(f"[{log}] held-out CE {held_out_ce(model, held):.3f}", flush=True)
     return {"steps": steps, "tokens": steps * batch * SEQ_LEN, "seconds": round(time.time() - start, 1)}

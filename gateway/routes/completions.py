@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from gateway import serving
+from gateway.auth import Principal
+from gateway.deps import generation_principal, get_state
+from gateway.protocol import CompletionRequest
+from gateway.state import GatewayState
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def create_completion(
+    body: CompletionRequest,
+    request: Request,
+    state: GatewayState = Depends(get_state),
+    principal: Principal = Depends(generation_principal),
+) -> Response:
+    return await serving.completion(state, body, principal, request)

@@ -1,0 +1,76 @@
+"""Per-key rate limits (in-process counters) and the drain state."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+from gateway.testing import FakeEngine
+from tests.gateway.helpers import auth, chat_body, completion_body, open_client, sse_payloads
+
+
+async def test_requests_per_minute_limit_is_per_key(engine: FakeEngine) -> None:
+    settings = GatewaySettings(api_keys="k1,k2", rate_limit_rpm=2)
+    async with open_client(create_app(settings, engine)) as client:
+        for _ in range(2):
+            assert (await client.post("/v1/chat/completions", json=chat_body(), headers=auth("k1"))).status_code == 200
+        limited = await client.post("/v1/chat/completions", json=chat_body(), headers=auth("k1"))
+        assert limited.status_code == 429
+        assert limited.json()["error"]["code"] == "rate_limit_exceeded"
+        assert 1 <= int(limited.headers["retry-after"]) <= 61
+        assert (await client.post("/v1/chat/completions", json=chat_body(), headers=auth("k2"))).status_code == 200
+    assert len(engine.submitted) == 3  # the limited request never reached the engine
+
+
+async def test_tokens_per_minute_limit(engine: FakeEngine) -> None:
+    async with open_client(create_app(GatewaySettings(rate_limit_tpm=30), engine)) as client:
+        first = await client.post("/v1/completions", json=completion_body("a b c", max_tokens=20))
+        assert first.json()["usage"]["total_tokens"] == 24
+        assert (await client.post("/v1/completions", json=completion_body("a", max_tokens=8))).status_code == 200
+        limited = await client.post("/v1/completions", json=completion_body("a"))
+        assert limited.status_code == 429 and "tokens per minute" in limited.json()["error"]["message"]
+
+
+async def test_drain_refuses_new_requests_and_lets_streams_finish() -> None:
+    engine = FakeEngine(token_delay_s=0.005)
+    app = create_app(GatewaySettings(), engine)
+    state = app.state.gateway
+    async with open_client(app) as client:
+        stream = asyncio.create_task(
+            client.post("/v1/completions", json=completion_body("a b c d", max_tokens=60, stream=True))
+        )
+        for _ in range(200):
+            if engine.num_running:
+                break
+            await asyncio.sleep(0.005)
+        assert state.num_in_flight == 1
+        state.begin_drain()
+        ready = await client.get("/ready")
+        assert ready.status_code == 503 and ready.json()["status"] == "draining"
+        refused = await client.post("/v1/chat/completions", json=chat_body())
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "10"
+        assert refused.json()["error"]["code"] == "draining"
+        assert (await client.get("/health")).status_code == 200
+        assert await state.wait_idle(5.0)
+        events = sse_payloads((await stream).text)
+        assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+    assert engine.kv_used_slots == 0
+
+
+async def test_wait_idle_times_out() -> None:
+    app = create_app(GatewaySettings(), FakeEngine())
+    state = app.state.gateway
+    state.num_in_flight = 1
+    assert await state.wait_idle(0.1) is False
+
+
+@pytest.mark.parametrize("keepalive", [0.05])
+async def test_slow_stream_gets_keepalive_pings(keepalive: float) -> None:
+    engine = FakeEngine(prefill_delay_s=0.3)
+    async with open_client(create_app(GatewaySettings(keepalive_s=keepalive), engine)) as client:
+        r = await client.post("/v1/completions", json=completion_body("a </s>", stream=True))
+    assert ": ping" in r.text
+    assert sse_payloads(r.text)[-1] == "[DONE]"
