@@ -144,11 +144,8 @@ class Attention(nn.Module):
         padded = q.new_zeros(meta.batch_size * meta.max_new, self.num_heads, self.head_dim)
         padded[meta.scatter_index] = q
         queries = padded.view(meta.batch_size, meta.max_new, self.num_heads, self.head_dim).transpose(1, 2)
-        if self.num_kv_heads != self.num_heads:
-            repeat = self.num_heads // self.num_kv_heads
-            keys = keys.repeat_interleave(repeat, dim=1)
-            values = values.repeat_interleave(repeat, dim=1)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.mask)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.mask,
+                                             enable_gqa=self.num_kv_heads != self.num_heads)
         out = out.transpose(1, 2).reshape(meta.batch_size * meta.max_new, self.q_size)[meta.scatter_index]
         return self.o_proj(out)
 
