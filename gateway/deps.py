@@ -8,6 +8,8 @@ from gateway.auth import Principal
 from gateway.engine_client import EngineClient
 from gateway.state import GatewayState
 
+ADMIN_COOKIE = "specserve_admin"  # the admin key, for the dashboard in a browser
+
 
 def get_state(request: Request) -> GatewayState:
     return request.app.state.gateway
@@ -19,8 +21,12 @@ def api_principal(request: Request, state: GatewayState = Depends(get_state)) ->
 
 
 def admin_principal(request: Request, state: GatewayState = Depends(get_state)) -> Principal:
-    """401 without a valid key, 403 with a non-admin key."""
-    return state.auth.authenticate_admin(request.headers.get("authorization"))
+    """401 without a valid key, 403 with a non-admin key. The key comes as ``Authorization: Bearer`` or, from a
+    browser, as the HttpOnly cookie that ``GET /admin/ui?key=...`` sets (SameSite=Strict, so no cross-site use)."""
+    authorization = request.headers.get("authorization")
+    if authorization is None and (cookie := request.cookies.get(ADMIN_COOKIE)):
+        authorization = f"Bearer {cookie}"
+    return state.auth.authenticate_admin(authorization)
 
 
 def serving_engine(state: GatewayState = Depends(get_state), _: Principal = Depends(api_principal)) -> EngineClient:

@@ -155,12 +155,14 @@ _PY_TYPE_WORDS = {str: "a string", int: "an integer", float: "a decimal", bool: 
 
 
 def _param_from_loc(loc: tuple) -> str:
+    """The field path of a pydantic error location, without union tags; the first item is always a field
+    (so a top-level field named like a tag, e.g. ``model``, is kept)."""
     parts: list[str] = []
     for item in loc[1:] if loc and loc[0] in ("body", "query", "path") else loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif isinstance(item, str) and item.isidentifier() and item.islower() and item not in _TYPE_WORDS \
-                and item not in ("str", "none"):
+        elif isinstance(item, str) and item.isidentifier() and item.islower() \
+                and (not parts or (item not in _TYPE_WORDS and item not in ("str", "none"))):
             parts.append(("." if parts else "") + item)
     return "".join(parts)
 

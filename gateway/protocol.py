@@ -1,24 +1,36 @@
 """OpenAI wire models, ordered as in OpenAI's API reference, and the conversion to engine params.
 
 Requests ignore unknown fields (as OpenAI's server does) but type-check known ones strictly: a string
-where an integer belongs is a 400, not a silent coercion.
+where an integer belongs is a 400, not a silent coercion. Text must be valid Unicode: a lone surrogate
+(JSON's ``"\\ud800"``, or raw bytes that ``json.loads`` decodes with surrogatepass) is a 400, since the
+tokenizer and the UTF-8 response encoder would otherwise fail on it with a 500.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
 from engine.types import SamplingParams, SpeculationOverride
 from gateway.errors import BadRequestError
 
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 ChoiceCount = Annotated[int, Field(strict=True, ge=1, le=128)]
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @field_validator("*")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        texts = (value,) if isinstance(value, str) else value if isinstance(value, list) else ()
+        if any(isinstance(t, str) and not t.isascii() and _LONE_SURROGATE.search(t) for t in texts):
+            raise ValueError("must be valid Unicode text (it contains a lone surrogate such as \\ud800)")
+        return value
 
 
 class StreamOptions(_Wire):

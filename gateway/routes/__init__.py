@@ -2,8 +2,8 @@
 
 from fastapi import APIRouter
 
-from gateway.routes import admin, chat, completions, health, models, requests
+from gateway.routes import admin, chat, completions, health, models, requests, ui
 
 
 def all_routers() -> list[APIRouter]:
-    return [chat.router, completions.router, models.router, requests.router, admin.router, health.router]
+    return [chat.router, completions.router, models.router, requests.router, admin.router, ui.router, health.router]
