@@ -72,7 +72,7 @@ class AsyncEngine:
         def add() -> None:
             try:
                 self.engine.add_request(request_id, prompt_token_ids, params)
-            except EngineError as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure goes to the caller, who must not wait forever
                 stream.loop.call_soon_threadsafe(_resolve, added, exc)
                 return
             self._streams[request_id] = stream
@@ -150,6 +150,7 @@ class AsyncEngine:
     def _run(self) -> None:
         while not self._stopped:
             self._drain_commands()
+            self.engine.policy.apply_pending()  # also when idle, so a settings change shows at once
             if not self.engine.has_work():
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()

@@ -71,6 +71,8 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise bad(name, f"must be in [-2, 2]; got {getattr(self, name)}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64):
+            raise bad("seed", f"must be an integer in [-2**63, 2**64); got {self.seed!r}")  # torch's seed range
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise bad("top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}]; got {self.logprobs}")
         if any(not s for s in self.stop):

@@ -10,14 +10,13 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from engine.types import ProposerStats
+
 
 @dataclass
 class SpecDecodeStats:
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-    by_proposer: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0]))
+    total: ProposerStats = field(default_factory=ProposerStats)
+    by_proposer: dict[str, ProposerStats] = field(default_factory=lambda: defaultdict(ProposerStats))
     # (batch size, tokens fed) -> [steps, total seconds]
     step_time: dict[tuple[int, int], list[float]] = field(default_factory=lambda: defaultdict(lambda: [0, 0.0]))
     num_steps: int = 0
@@ -26,17 +25,12 @@ class SpecDecodeStats:
 
     def observe(self, proposer: str, num_drafted: int, num_accepted: int) -> None:
         with self.lock:
-            self.num_drafts += 1
-            self.num_draft_tokens += num_drafted
-            self.num_accepted_tokens += num_accepted
-            if len(self.accepted_per_pos) < num_drafted:
-                self.accepted_per_pos.extend([0] * (num_drafted - len(self.accepted_per_pos)))
-            for pos in range(num_accepted):
-                self.accepted_per_pos[pos] += 1
-            totals = self.by_proposer[proposer]
-            totals[0] += 1
-            totals[1] += num_drafted
-            totals[2] += num_accepted
+            self.total.add(num_drafted, num_accepted)
+            self.by_proposer[proposer].add(num_drafted, num_accepted)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.total.num_draft_tokens
 
     def observe_step(self, batch_size: int, num_tokens: int, seconds: float, num_generated: int) -> None:
         with self.lock:
@@ -49,14 +43,16 @@ class SpecDecodeStats:
     def snapshot(self) -> dict:
         with self.lock:
             return {
-                "spec_decode_num_drafts": self.num_drafts,
-                "spec_decode_num_draft_tokens": self.num_draft_tokens,
-                "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
-                "spec_decode_num_accepted_tokens_per_pos": list(self.accepted_per_pos),
+                "spec_decode_num_drafts": self.total.rounds,
+                "spec_decode_num_draft_tokens": self.total.num_draft_tokens,
+                "spec_decode_num_accepted_tokens": self.total.num_accepted_tokens,
+                "spec_decode_num_accepted_tokens_per_pos": list(self.total.accepted_per_pos),
                 "proposers": {
-                    name: {"rounds": r, "drafted_tokens": d, "accepted_tokens": a,
-                           "acceptance_rate": round(a / d, 4) if d else 0.0}
-                    for name, (r, d, a) in self.by_proposer.items()
+                    name: {"rounds": s.rounds, "drafted_tokens": s.num_draft_tokens,
+                           "accepted_tokens": s.num_accepted_tokens,
+                           "acceptance_rate": round(s.num_accepted_tokens / s.num_draft_tokens, 4)
+                           if s.num_draft_tokens else 0.0}
+                    for name, s in self.by_proposer.items()
                 },
                 "num_steps": self.num_steps,
                 "num_generated_tokens": self.num_generated_tokens,
