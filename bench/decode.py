@@ -4,7 +4,6 @@
 (b) aggregate throughput at 1, 4, 16, 32 concurrent requests vs transformers generating them one after another.
 
     .venv/bin/python -m bench.decode [--new-tokens 128] [--device cpu|cuda] [--dtype float32]
-    .venv/bin/python -m bench.decode --device cuda --dtype bfloat16 --llama-3b   # GPU: Llama-3.2-3B shape, random init
 """
 
 from __future__ import annotations
