@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.admin import PolicyBroker
 from gateway.auth import ApiKeyAuth
 from gateway.engine_client import EngineClient, build_engine, maybe_call
-from gateway.errors import install_error_handlers
+from gateway.errors import PayloadTooLargeError, error_response, install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.rate_limit import RateLimiter
 from gateway.redis_guard import RedisGuard, make_redis_client
@@ -67,6 +67,7 @@ def create_app(
     for router in all_routers():
         app.include_router(router)
     app.add_middleware(RequestTracker, state=state)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     instrument_app(app, state.tracer_provider)
     return app
 
@@ -154,3 +155,44 @@ class RequestTracker:
             endpoint = getattr(scope.get("route"), "path", "unmatched")
             if endpoint not in UNCOUNTED_ENDPOINTS:
                 self.state.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+
+class BodySizeLimit:
+    """Pure ASGI middleware: refuse a request body over ``max_bytes`` with 413 before anything parses it.
+
+    The body is read here first (by Content-Length when given, else chunk by chunk up to the limit) and
+    replayed to the app; later ``receive`` calls go to the server, so disconnects are still seen.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = f"The request body exceeds the limit of {self.max_bytes} bytes."
+        too_large = error_response(PayloadTooLargeError(limit))
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if length.isdigit() and int(length) > self.max_bytes:
+            await too_large(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await too_large(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        replay: list[Message] = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replaying_receive() -> Message:
+            return replay.pop() if replay else await receive()
+
+        await self.app(scope, replaying_receive, send)

@@ -37,6 +37,7 @@ SERVE_FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("otlp_endpoint", "--otlp-endpoint", str, "OTLP/HTTP collector, e.g. http://localhost:4318"),
     ("drain_timeout_s", "--drain-timeout-s", float, "on SIGTERM, how long in-flight requests may finish"),
     ("keepalive_s", "--keepalive-s", float, "SSE keep-alive ping interval (0 = off)"),
+    ("max_body_bytes", "--max-body-bytes", int, "larger request bodies are refused with 413"),
     ("log_level", "--log-level", str, "critical, error, warning, info, debug or trace"),
 )
 

@@ -61,6 +61,12 @@ class BadRequestError(GatewayError):
     error_type = "invalid_request_error"
 
 
+class PayloadTooLargeError(GatewayError):
+    status_code = 413
+    error_type = "invalid_request_error"
+    default_code = "request_too_large"
+
+
 class ContextLengthError(BadRequestError):
     default_code = "context_length_exceeded"
 

@@ -47,6 +47,7 @@ class GatewaySettings(BaseSettings):
     store_prompts: bool = False
     otlp_endpoint: str | None = None  # e.g. http://otel-collector:4318 ; None: no trace export
     drain_timeout_s: float = Field(30.0, ge=0)
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)  # larger request bodies get 413 before parsing
     keepalive_s: float = Field(15.0, ge=0)  # SSE ping interval; 0 disables pings
     log_level: str = "info"
 

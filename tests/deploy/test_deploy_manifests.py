@@ -55,6 +55,7 @@ SUPPORTED_SETTINGS = frozenset(
         "SPECSERVE_OTLP_ENDPOINT",
         "SPECSERVE_DRAIN_TIMEOUT_S",
         "SPECSERVE_KEEPALIVE_S",
+        "SPECSERVE_MAX_BODY_BYTES",
         "SPECSERVE_LOG_LEVEL",
         # Also a GatewaySettings field. The image installs the package non-editably, where the
         # bundled-pair detection (a path under the repo root) cannot match, so the id is set explicitly.

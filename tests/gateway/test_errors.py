@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -172,3 +173,19 @@ async def test_failed_load_fails_liveness(monkeypatch: pytest.MonkeyPatch) -> No
         health = await client.get("/health")
         assert health.status_code == 503 and "config.json" in health.json()["error"]
         assert (await client.get("/ready")).json()["status"] == "load_failed"
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_body_over_the_limit_is_413_before_parsing(engine, chunked):
+    app = create_app(GatewaySettings(max_body_bytes=2048), engine=engine)
+    body = json.dumps({"model": MODEL, "prompt": "x" * 4096}).encode()
+
+    async def chunks():
+        for i in range(0, len(body), 1024):
+            yield body[i:i + 1024]
+
+    async with open_client(app) as client:
+        r = await client.post("/v1/completions", content=chunks() if chunked else body,
+                              headers={"Content-Type": "application/json"})
+    error = assert_openai_error(r, 413, code="request_too_large")
+    assert "2048 bytes" in error["message"]

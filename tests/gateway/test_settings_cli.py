@@ -18,6 +18,7 @@ ENV_NAMES = {
     "rate_limit_tpm": "SPECSERVE_RATE_LIMIT_TPM", "request_ttl_s": "SPECSERVE_REQUEST_TTL_S",
     "store_prompts": "SPECSERVE_STORE_PROMPTS", "otlp_endpoint": "SPECSERVE_OTLP_ENDPOINT",
     "drain_timeout_s": "SPECSERVE_DRAIN_TIMEOUT_S", "keepalive_s": "SPECSERVE_KEEPALIVE_S",
+    "max_body_bytes": "SPECSERVE_MAX_BODY_BYTES",
     "log_level": "SPECSERVE_LOG_LEVEL",
 }
 ENV_VALUES = {
@@ -29,6 +30,7 @@ ENV_VALUES = {
     "rate_limit_rpm": ("60", 60), "rate_limit_tpm": ("1000", 1000), "request_ttl_s": ("120", 120),
     "store_prompts": ("true", True), "otlp_endpoint": ("http://otel:4318", "http://otel:4318"),
     "drain_timeout_s": ("12.5", 12.5), "keepalive_s": ("3", 3.0), "log_level": ("DEBUG", "debug"),
+    "max_body_bytes": ("65536", 65536),
 }
 
 
