@@ -52,6 +52,10 @@ class AttentionMetadata:
     batch_size: int
     max_new: int
 
+    @property
+    def gather_flat(self) -> torch.Tensor:
+        return self.gather_index.view(-1)
+
 
 def build_attention_metadata(
     context_indices: list[torch.Tensor], num_new: list[int], device: torch.device
@@ -136,11 +140,12 @@ class Attention(nn.Module):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = apply_rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
         k = apply_rope(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)
-        k_cache[meta.write_index] = k.to(k_cache.dtype)
-        v_cache[meta.write_index] = v.view(-1, self.num_kv_heads, self.head_dim).to(v_cache.dtype)
-        # gather each request's context: [batch, kv_heads, max_ctx, head_dim]
-        keys = k_cache[meta.gather_index].transpose(1, 2).to(q.dtype)
-        values = v_cache[meta.gather_index].transpose(1, 2).to(q.dtype)
+        k_cache.index_copy_(0, meta.write_index, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, meta.write_index, v.view(-1, self.num_kv_heads, self.head_dim).to(v_cache.dtype))
+        # gather each request's context: [batch, kv_heads, max_ctx, head_dim] (index_select: far faster than x[idx])
+        shape = (meta.batch_size, -1, self.num_kv_heads, self.head_dim)
+        keys = k_cache.index_select(0, meta.gather_flat).view(shape).transpose(1, 2).to(q.dtype)
+        values = v_cache.index_select(0, meta.gather_flat).view(shape).transpose(1, 2).to(q.dtype)
         padded = q.new_zeros(meta.batch_size * meta.max_new, self.num_heads, self.head_dim)
         padded[meta.scatter_index] = q
         queries = padded.view(meta.batch_size, meta.max_new, self.num_heads, self.head_dim).transpose(1, 2)
