@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
     ap.add_argument("--temperatures", default="0,0.7,1.0")
     ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=2, help="runs per cell and policy; the best is kept")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
@@ -46,7 +47,9 @@ def main() -> None:
                 results = {}
                 for name, settings in POLICIES.items():
                     set_policy(engine, **{"k": 4, **settings})
-                    results[name] = run_engine(engine, prompts, params)
+                    # best of `repeats`: a shared 2-core machine's noise only ever slows a run down
+                    runs = [run_engine(engine, prompts, params) for _ in range(args.repeats)]
+                    results[name] = max(runs, key=lambda r: r.tokens_per_s)
                 off = results["off"].tokens_per_s
                 best_fixed = max(r.tokens_per_s for name, r in results.items() if name not in ("off", "adaptive"))
                 adaptive = results["adaptive"].tokens_per_s

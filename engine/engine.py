@@ -28,7 +28,7 @@ from engine.spec_decode.proposer import Draft, build_proposers
 from engine.spec_decode.rejection_sampler import VerifyResult, verify_greedy_batch, verify_sampled
 from engine.spec_decode.stats import SpecDecodeStats
 from engine.types import EngineHealth, FinishReason, RequestOutput, SamplingParams
-from policies import BatchView, PolicyController, PolicySettings, RequestView, RoundOutcome, StepTiming
+from policies import BatchView, Decision, PolicyController, PolicySettings, RequestView, RoundOutcome, StepTiming
 
 log = logging.getLogger("specserve.engine")
 
@@ -188,6 +188,8 @@ class LLMEngine:
         plans = []
         cache = self.runner.cache
         for r, view, decision in zip(decodes, views, decisions):
+            if self._needs_fixed_plan(r):
+                decision = Decision(self.policy.settings.k, "draft" if "draft" in self.proposers else "ngram")
             k = min(decision.k, view.max_k) if decision.proposer in self.proposers else 0
             while k > 0 and not cache.can_reserve(r.request_id, r.num_tokens + k):
                 k -= 1
@@ -195,6 +197,18 @@ class LLMEngine:
                 cache.reserve(r.request_id, r.num_tokens + k)
             plans.append(Planned(r, k, decision.proposer))
         return plans
+
+    def _needs_fixed_plan(self, request: Request) -> bool:
+        """A seeded sampling request must reproduce its text whatever the load and the learned statistics.
+
+        Speculative sampling draws its random numbers along the rounds it runs, so the text a seed
+        gives depends on the k of every round. Under the adaptive policy such a request therefore
+        drafts the configured fixed k every round instead of a load-dependent one (unless the request
+        chose a mode itself, or speculation is off).
+        """
+        override = request.params.speculation
+        return (request.params.seed is not None and not request.params.greedy
+                and self.policy.settings.mode == "auto" and (override is None or override.mode == "auto"))
 
     def _propose(self, plans: list[Planned]) -> tuple[float, int]:
         """Fill each plan's draft; returns (draft-model seconds, draft-model batch size)."""

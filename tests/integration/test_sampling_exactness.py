@@ -1,9 +1,10 @@
 """Sampling exactness: speculative sampling draws from the same distribution as plain sampling.
 
-Thousands of independent draws of the first generated tokens for one prompt, plain vs each
-proposer, compared with a two-sample chi-square test (T=0.7 and T=1.0, top-p 0.9). The prompt
-repeats itself so the n-gram proposer has something to propose; max_tokens=4 makes the tokens
-after the first come from a verification round with k = 2.
+Thousands of independent draws of the first generated tokens, plain vs each proposer, compared with
+two-sample chi-square tests (T=0.7 and T=1.0, top-p 0.9) on the second and third tokens, which come
+from a verification round with k = 2 (max_tokens=4). The draft is tested on a prompt where draft and
+target disagree most (total variation 0.65 at the first position), so a biased acceptance rule shows;
+the n-gram proposer on a prompt that repeats itself, so it has something to propose.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from engine.types import SamplingParams
 from tests.conftest import DRAFT, TARGET
 
 DRAWS = 1200
-PROMPT = "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\ny ="
+PROMPTS = {"draft": "import", "ngram": "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\ny ="}
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +30,10 @@ def engine() -> LLMEngine:
                                   max_num_batched_tokens=4096, speculation="off"))
 
 
-def draw(engine: LLMEngine, mode: str, temperature: float, seed_base: int) -> tuple[Counter, int]:
+def draw(engine: LLMEngine, mode: str, prompt: str, temperature: float, seed_base: int) -> tuple[list, int]:
     engine.policy.update({"mode": mode, "k": 2})
     engine.policy.apply_pending()
-    ids = engine.tokenizer.encode(PROMPT)
+    ids = engine.tokenizer.encode(prompt)
     params = [SamplingParams(max_tokens=4, temperature=temperature, top_p=0.9, seed=seed_base + i, ignore_eos=True)
               for i in range(DRAWS)]
     for i, p in enumerate(params):
@@ -44,7 +45,7 @@ def draw(engine: LLMEngine, mode: str, temperature: float, seed_base: int) -> tu
             tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.finished:
                 drafted += out.spec.num_draft_tokens
-    return Counter(tuple(t[:3]) for t in tokens.values()), drafted
+    return [t[:3] for t in tokens.values()], drafted
 
 
 def two_sample_pvalue(a: Counter, b: Counter) -> float:
@@ -60,9 +61,11 @@ def two_sample_pvalue(a: Counter, b: Counter) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
-def test_speculative_sampling_matches_plain(engine, temperature):
-    plain, _ = draw(engine, "off", temperature, seed_base=0)
-    for mode in ("draft", "ngram"):
-        spec, drafted = draw(engine, mode, temperature, seed_base=100_000)
-        assert drafted > DRAWS, f"{mode} barely speculated ({drafted} draft tokens)"
-        assert two_sample_pvalue(plain, spec) > 1e-3, f"{mode} at T={temperature} differs from plain sampling"
+@pytest.mark.parametrize("mode", ["draft", "ngram"])
+def test_speculative_sampling_matches_plain(engine, temperature, mode):
+    plain, _ = draw(engine, "off", PROMPTS[mode], temperature, seed_base=0)
+    spec, drafted = draw(engine, mode, PROMPTS[mode], temperature, seed_base=100_000)
+    assert drafted > DRAWS // 4, f"{mode} barely speculated ({drafted} draft tokens)"
+    for position in (1, 2):  # tokens from the verification round (position 0 comes from prefill)
+        pvalue = two_sample_pvalue(Counter(t[position] for t in plain), Counter(t[position] for t in spec))
+        assert pvalue > 1e-3, f"{mode} at T={temperature}: token {position} differs from plain sampling"
