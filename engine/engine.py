@@ -160,11 +160,12 @@ class LLMEngine:
                 token = self._sample_one(request, rows)
                 num_generated += self._commit(request, [token], rows)
         num_tokens = sum(len(c.token_ids) for c in chunks)
-        self.policy.observe_step(StepTiming(
-            batch_size=len(chunks), num_tokens=num_tokens, target_seconds=target_seconds,
-            num_draft_tokens=sum(len(p.draft_tokens) for p in plans if p.proposer == "draft"),
-            draft_seconds=draft_seconds, num_draft_requests=num_draft_requests,
-            num_draft_passes=max((len(p.draft_tokens) for p in plans if p.proposer == "draft"), default=0)))
+        if not sched.prefills:  # the cost model predicts decode/verify steps; prefill chunks would skew its fit
+            self.policy.observe_step(StepTiming(
+                batch_size=len(chunks), num_tokens=num_tokens, target_seconds=target_seconds,
+                num_draft_tokens=sum(len(p.draft_tokens) for p in plans if p.proposer == "draft"),
+                draft_seconds=draft_seconds, num_draft_requests=num_draft_requests,
+                num_draft_passes=max((len(p.draft_tokens) for p in plans if p.proposer == "draft"), default=0)))
         self.stats.observe_step(len(chunks), num_tokens, time.perf_counter() - start, num_generated)
         return self._collect(list(self.requests.values()))
 
@@ -221,7 +222,8 @@ class LLMEngine:
             for plan, draft in zip(group, proposer.propose([p.request for p in group], [p.k for p in group])):
                 plan.draft = draft
                 self.runner.cache.reserve(plan.request.request_id, plan.request.num_tokens + len(draft.token_ids))
-            if name == "draft":
+            if name == "draft" and not proposer.caught_up_long:
+                # a draft round that also prefilled (lazy prefill, long catch-up) is not a drafting cost sample
                 draft_seconds, num_draft_requests = time.perf_counter() - start, len(group)
         return draft_seconds, num_draft_requests
 

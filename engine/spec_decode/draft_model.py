@@ -24,6 +24,7 @@ class DraftModelProposer:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.cache = runner.cache
+        self.caught_up_long = False  # the last round also prefilled or caught up on many tokens
 
     def add_request(self, request: Request) -> None:
         if request.request_id not in self.cache:
@@ -48,6 +49,8 @@ class DraftModelProposer:
             start = self.cache.length(r.request_id)
             self.cache.reserve(r.request_id, r.num_tokens)
             chunks.append(SeqChunk(r.request_id, r.tokens(start, r.num_tokens), start, 1))
+        # normally a round feeds 1 token per request (2 after a fully accepted round)
+        self.caught_up_long = any(len(c.token_ids) > 2 for c in chunks)
         logits = self.runner.execute(chunks)
         active = list(range(len(requests)))
         for step in range(max(ks)):

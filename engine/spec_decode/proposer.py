@@ -22,6 +22,7 @@ class Draft:
 
 class Proposer(Protocol):
     name: str
+    caught_up_long: bool  # the last propose() also caught up on many committed tokens (so its time is no cost sample)
 
     def add_request(self, request: Request) -> None: ...
 
