@@ -19,7 +19,7 @@ from engine.config import EngineConfig
 from engine.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
 from engine.kv_cache import make_kv_cache
 from engine.model_runner import ModelRunner, SeqChunk
-from engine.models.loader import load_model, read_config
+from engine.models.loader import load_model, read_config, resolve_checkpoint
 from engine.models.tokenizer import IncrementalDetokenizer, check_compatible, eos_token_ids, load_tokenizer
 from engine.request import Request, RequestStatus
 from engine.sampler import greedy_tokens, position_counts, processed_probs, token_logprobs
@@ -59,42 +59,46 @@ def context_length_error(max_len: int, prompt: int, completion: int) -> ContextL
 class LLMEngine:
     def __init__(self, config: EngineConfig, policy: PolicyController | None = None, progress=None) -> None:
         self.config = config
-        device, dtype = config.torch_device, config.torch_dtype
-        self.model, path = load_model(config.model, dtype, device)
-        self.model_path = path
-        self.tokenizer = load_tokenizer(path)
-        self.eos_ids = eos_token_ids(self.tokenizer, read_config(path))
-        args = self.model.args
-        self.max_seq_len = min(config.max_seq_len, args.max_position_embeddings)
-        cache_kwargs = dict(max_running=config.max_running, max_seq_len=self.max_seq_len,
-                            num_blocks=config.num_kv_blocks, block_size=config.block_size, device=device)
-        cache = make_kv_cache(config.kv_cache, num_layers=args.num_layers, kv_heads=args.num_kv_heads,
-                              head_dim=args.head_dim, dtype=dtype, **cache_kwargs)
-        if cache.num_total_blocks * (config.block_size if config.kv_cache == "paged" else self.max_seq_len) \
-                < self.max_seq_len:
-            raise ValueError("num_kv_blocks is too small to hold one request of max_seq_len tokens")
-        self.runner = ModelRunner(self.model, cache, device)
+        self.model_path = resolve_checkpoint(config.model)
+        model_config = read_config(self.model_path)
+        self.max_seq_len = min(config.max_seq_len, model_config.get("max_position_embeddings", config.max_seq_len))
+        self.runner = self._load_runner(self.model_path)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.eos_ids = eos_token_ids(self.tokenizer, model_config)
+        self.model = self.runner.model
         if progress:
             progress("target loaded")
         draft_runner = None
         if config.draft_model:
-            draft, draft_path = load_model(config.draft_model, dtype, device)
-            check_compatible(self.tokenizer, load_tokenizer(draft_path), path, draft_path,
-                             args.vocab_size, draft.args.vocab_size)
-            d = draft.args
-            draft_cache = make_kv_cache(config.kv_cache, num_layers=d.num_layers, kv_heads=d.num_kv_heads,
-                                        head_dim=d.head_dim, dtype=dtype, **cache_kwargs)
-            draft_runner = ModelRunner(draft, draft_cache, device)
+            draft_path = resolve_checkpoint(config.draft_model)
+            draft_runner = self._load_runner(draft_path)
+            check_compatible(self.tokenizer, load_tokenizer(draft_path), self.model_path, draft_path,
+                             self.model.args.vocab_size, draft_runner.model.args.vocab_size)
             if progress:
                 progress("draft loaded")
         self.proposers = build_proposers(config, draft_runner=draft_runner)
-        self.scheduler = Scheduler(cache, max_running=config.max_running, max_waiting=config.max_waiting,
+        self.scheduler = Scheduler(self.runner.cache, max_running=config.max_running,
+                                   max_waiting=config.max_waiting,
                                    max_num_batched_tokens=config.max_num_batched_tokens, on_evict=self._evict)
         self.policy = policy or PolicyController(
             PolicySettings(mode=config.speculation, k=config.k, k_max=config.k_max, seed=config.seed))
         self.stats = SpecDecodeStats()
         self.requests: dict[str, Request] = {}
         self._seeds = random.Random(config.seed)
+
+    def _load_runner(self, path) -> ModelRunner:
+        """A model with a KV cache of its own, sized by the engine config (the draft's like the target's)."""
+        config = self.config
+        model, _ = load_model(path, config.torch_dtype, config.torch_device)
+        args = model.args
+        cache = make_kv_cache(config.kv_cache, num_layers=args.num_layers, kv_heads=args.num_kv_heads,
+                              head_dim=args.head_dim, dtype=config.torch_dtype, device=config.torch_device,
+                              max_running=config.max_running, max_seq_len=self.max_seq_len,
+                              num_blocks=config.num_kv_blocks, block_size=config.block_size)
+        tokens_per_block = config.block_size if config.kv_cache == "paged" else self.max_seq_len
+        if cache.num_total_blocks * tokens_per_block < self.max_seq_len:
+            raise ValueError("num_kv_blocks is too small to hold one request of max_seq_len tokens")
+        return ModelRunner(model, cache, config.torch_device)
 
     # ------------------------------------------------------------------ requests
 
