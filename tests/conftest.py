@@ -45,3 +45,19 @@ def save_random_llama(path: Path, **overrides) -> Path:
 @pytest.fixture(scope="session")
 def random_llama_dir(tmp_path_factory) -> Path:
     return save_random_llama(tmp_path_factory.mktemp("random_llama"))
+
+
+def make_runner(path: Path, kind: str, block_size: int = 8):
+    """A float32 CPU ModelRunner on ``path`` with a small slotted or paged cache (room for a few requests)."""
+    from engine.kv_cache import PagedKVCache, SlottedKVCache
+    from engine.model_runner import ModelRunner
+    from engine.models.loader import load_model
+
+    cpu = torch.device("cpu")
+    model, _ = load_model(path, torch.float32, cpu)
+    shape = (model.args.num_layers, model.args.num_kv_heads, model.args.head_dim)
+    if kind == "paged":
+        cache = PagedKVCache(*shape, 768 // block_size, block_size, torch.float32, cpu)
+    else:
+        cache = SlottedKVCache(*shape, 4, 256, torch.float32, cpu)
+    return ModelRunner(model, cache, cpu)

@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv_cache import PagedKVCache, SlottedKVCache
 from engine.model_runner import ModelRunner, SeqChunk
-from engine.models.loader import load_model
-from tests.conftest import TARGET
+from tests.conftest import TARGET, make_runner
 
 CPU = torch.device("cpu")
 
@@ -19,16 +17,6 @@ def hf_logits(path, ids: list[int]) -> torch.Tensor:
     model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0]
-
-
-def runner_for(path, kind: str) -> ModelRunner:
-    model, _ = load_model(path, torch.float32, CPU)
-    a = model.args
-    if kind == "paged":
-        cache = PagedKVCache(a.num_layers, a.num_kv_heads, a.head_dim, 64, 8, torch.float32, CPU)
-    else:
-        cache = SlottedKVCache(a.num_layers, a.num_kv_heads, a.head_dim, 4, 256, torch.float32, CPU)
-    return ModelRunner(model, cache, CPU)
 
 
 def prefill_then_decode(runner: ModelRunner, rid: str, ids: list[int], split: int) -> torch.Tensor:
@@ -46,7 +34,7 @@ def prefill_then_decode(runner: ModelRunner, rid: str, ids: list[int], split: in
 def test_random_llama32_features_match_transformers(random_llama_dir, kind):
     ids = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     expected = hf_logits(random_llama_dir, ids)
-    got = prefill_then_decode(runner_for(random_llama_dir, kind), "r", ids, 25)
+    got = prefill_then_decode(make_runner(random_llama_dir, kind), "r", ids, 25)
     assert (got - expected).abs().max().item() <= 1e-4
 
 
@@ -57,16 +45,17 @@ def test_bundled_target_matches_transformers():
 
     ids = AutoTokenizer.from_pretrained(TARGET)("def fibonacci(n):\n    if n < 2:\n        return n\n")["input_ids"]
     expected = hf_logits(TARGET, ids)
-    got = prefill_then_decode(runner_for(TARGET, "paged"), "r", ids, len(ids) - 6)
+    got = prefill_then_decode(make_runner(TARGET, "paged"), "r", ids, len(ids) - 6)
     assert (got - expected).abs().max().item() <= 1e-4
 
 
 def test_ragged_batch_equals_requests_alone(random_llama_dir):
     """A prefill chunk, a decode and a 4-token verification in one pass give the same logits as alone."""
-    runner = runner_for(random_llama_dir, "paged")
+    runner = make_runner(random_llama_dir, "paged")
     gen = torch.Generator().manual_seed(2)
     seqs = {r: torch.randint(0, 512, (n,), generator=gen).tolist() for r, n in (("a", 30), ("b", 12), ("c", 20))}
-    alone = {r: prefill_then_decode(runner_for(random_llama_dir, "paged"), r, ids, len(ids)) for r, ids in seqs.items()}
+    alone = {r: prefill_then_decode(make_runner(random_llama_dir, "paged"), r, ids, len(ids))
+             for r, ids in seqs.items()}
     for r, _ids in seqs.items():
         runner.cache.allocate(r)
     # a: full prefill; b: prefill 11 then decode 1; c: prefill 16 then verify 4

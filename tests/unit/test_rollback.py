@@ -7,21 +7,10 @@ import random
 import pytest
 import torch
 
-from engine.kv_cache import PagedKVCache, SlottedKVCache
 from engine.model_runner import ModelRunner, SeqChunk
-from engine.models.loader import load_model
+from tests.conftest import make_runner
 
 CPU = torch.device("cpu")
-
-
-def make_runner(path, kind: str) -> ModelRunner:
-    model, _ = load_model(path, torch.float32, CPU)
-    a = model.args
-    if kind == "paged":
-        cache = PagedKVCache(a.num_layers, a.num_kv_heads, a.head_dim, 96, 4, torch.float32, CPU)
-    else:
-        cache = SlottedKVCache(a.num_layers, a.num_kv_heads, a.head_dim, 3, 200, torch.float32, CPU)
-    return ModelRunner(model, cache, CPU)
 
 
 def cached_kv(runner: ModelRunner, rid: str, length: int) -> list[torch.Tensor]:
@@ -32,7 +21,7 @@ def cached_kv(runner: ModelRunner, rid: str, length: int) -> list[torch.Tensor]:
 @pytest.mark.parametrize("kind", ["paged", "slotted"])
 def test_random_rounds_match_fresh_prefill(random_llama_dir, kind):
     rng = random.Random(7)
-    runner = make_runner(random_llama_dir, kind)
+    runner = make_runner(random_llama_dir, kind, block_size=4)
     texts = {rid: [rng.randrange(512) for _ in range(rng.randint(3, 12))] for rid in ("a", "b", "c")}
     for rid, ids in texts.items():
         runner.cache.allocate(rid)
@@ -53,7 +42,7 @@ def test_random_rounds_match_fresh_prefill(random_llama_dir, kind):
             runner.cache.truncate_to(rid, len(texts[rid]) - 1)
     for rid, ids in texts.items():
         length = len(ids) - 1
-        fresh = make_runner(random_llama_dir, kind)
+        fresh = make_runner(random_llama_dir, kind, block_size=4)
         fresh.cache.allocate(rid)
         fresh.cache.reserve(rid, length)
         fresh.execute([SeqChunk(rid, ids[:-1], 0, 0)])
