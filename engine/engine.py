@@ -225,7 +225,6 @@ class LLMEngine:
             start = time.perf_counter()
             for plan, draft in zip(group, proposer.propose([p.request for p in group], [p.k for p in group])):
                 plan.draft = draft
-                self.runner.cache.reserve(plan.request.request_id, plan.request.num_tokens + len(draft.token_ids))
             if name == "draft" and not proposer.caught_up_long:
                 # a draft round that also prefilled (lazy prefill, long catch-up) is not a drafting cost sample
                 draft_seconds, num_draft_requests = time.perf_counter() - start, len(group)

@@ -7,7 +7,6 @@ the real ``engine.async_engine.AsyncEngine`` (built by :func:`build_engine`) or
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -72,7 +71,6 @@ def build_engine(settings: GatewaySettings, progress: Callable[[str], None] | No
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
 
-    extra = {"max_waiting": settings.max_waiting} if "max_waiting" in _field_names(EngineConfig) else {}
     config = EngineConfig(
         model=settings.model,
         draft_model=settings.draft_model,
@@ -80,17 +78,13 @@ def build_engine(settings: GatewaySettings, progress: Callable[[str], None] | No
         dtype=settings.dtype,
         max_running=settings.max_running,
         max_seq_len=settings.max_seq_len,
+        max_waiting=settings.max_waiting,
         num_kv_blocks=settings.num_kv_blocks,
         speculation=settings.speculation,
         k=settings.spec_k,
         k_max=settings.k_max,
-        **extra,
     )
     return AsyncEngine.from_config(config, model_name=settings.served_model_name, progress=progress)
-
-
-def _field_names(cls: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
 
 
 async def maybe_call(obj: object, method: str) -> None:
