@@ -143,7 +143,7 @@ class LLMEngine:
             return self._collect(list(self.requests.values()))
         start = time.perf_counter()
         plans = self._plan(sched.decodes)
-        draft_seconds, num_draft_requests = self._propose(plans)
+        draft_seconds, num_draft_requests, draft_caught_up = self._propose(plans)
         verify_start = time.perf_counter()
         chunks = [SeqChunk(p.request.request_id, [p.request.last_token] + p.draft_tokens,
                            p.request.num_computed, 1 + len(p.draft_tokens)) for p in plans]
@@ -169,7 +169,8 @@ class LLMEngine:
                 batch_size=len(chunks), num_tokens=num_tokens, target_seconds=target_seconds,
                 num_draft_tokens=sum(len(p.draft_tokens) for p in plans if p.proposer == "draft"),
                 draft_seconds=draft_seconds, num_draft_requests=num_draft_requests,
-                num_draft_passes=max((len(p.draft_tokens) for p in plans if p.proposer == "draft"), default=0)))
+                num_draft_passes=max((len(p.draft_tokens) for p in plans if p.proposer == "draft"), default=0),
+                step_seconds=time.perf_counter() - start, num_generated=num_generated, draft_caught_up=draft_caught_up))
         self.stats.observe_step(len(chunks), num_tokens, time.perf_counter() - start, num_generated)
         return self._collect(list(self.requests.values()))
 
@@ -215,9 +216,13 @@ class LLMEngine:
         return (request.params.seed is not None and not request.params.greedy
                 and self.policy.settings.mode == "auto" and (override is None or override.mode == "auto"))
 
-    def _propose(self, plans: list[Planned]) -> tuple[float, int]:
-        """Fill each plan's draft; returns (draft-model seconds, draft-model batch size)."""
-        draft_seconds, num_draft_requests = 0.0, 0
+    def _propose(self, plans: list[Planned]) -> tuple[float, int, bool]:
+        """Fill each plan's draft; returns (draft-model seconds, draft-model batch size, caught up long).
+
+        A draft round that also prefilled (lazy prefill, long catch-up after k = 0 steps) is no sample of
+        what drafting costs: it reports 0 seconds and caught_up_long.
+        """
+        draft_seconds, num_draft_requests, caught_up_long = 0.0, 0, False
         for name, proposer in self.proposers.items():
             group = [p for p in plans if p.k > 0 and p.proposer == name]
             if not group:
@@ -225,10 +230,10 @@ class LLMEngine:
             start = time.perf_counter()
             for plan, draft in zip(group, proposer.propose([p.request for p in group], [p.k for p in group])):
                 plan.draft = draft
+            caught_up_long |= proposer.caught_up_long
             if name == "draft" and not proposer.caught_up_long:
-                # a draft round that also prefilled (lazy prefill, long catch-up) is not a drafting cost sample
                 draft_seconds, num_draft_requests = time.perf_counter() - start, len(group)
-        return draft_seconds, num_draft_requests
+        return draft_seconds, num_draft_requests, caught_up_long
 
     def _verify(self, plans: list[Planned], logits: list[torch.Tensor]) -> list[VerifyResult]:
         results: list[VerifyResult | None] = [None] * len(plans)

@@ -6,13 +6,15 @@ batch's expected goodput (policies/goodput.py). Load enters through the cost mod
 expensive (large, compute-bound batches) extra draft tokens stop paying and requests fall back to
 k = 0; when the batch shrinks they pay again and speculation resumes, since alpha estimates are kept.
 
-Two corrections on top of the pure optimum:
+Three corrections on top of the pure optimum:
 - hysteresis: a request's previous (proposer, k) gets a bonus of ``hysteresis`` in the objective, so k
   does not flip every step on estimation noise;
 - exploration: a request at k = 0 learns nothing about its alpha; with probability
   ``exploration_rate`` it probes k = 1..2 with the proposer that costs least, if the expected cost of
   such probes stays below ``exploration_max_loss`` of the predicted goodput (so no draft probes under
-  heavy load, where each would add whole draft passes to a large batch).
+  heavy load, where each would add whole draft passes to a large batch);
+- the goodput guard (policies/guard.py): where speculative steps have measurably emitted fewer tokens
+  per second than plain steps at this batch size, the step decodes plainly whatever the model predicts.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from policies.base import BatchView, Decision, ProposerName, RequestView
 from policies.cost_model import CostCoefficients, CostModel
 from policies.fixed import PLAIN
 from policies.goodput import BatchPlan, Candidate, plan_batch, with_probe
+from policies.guard import GoodputGuard
 from policies.learning import LearningPolicy
 from policies.settings import PolicySettings
 
@@ -36,9 +39,10 @@ class AdaptivePolicy(LearningPolicy):
         settings: PolicySettings | None = None,
         acceptance: AcceptanceEstimator | None = None,
         cost_model: CostModel | None = None,
+        guard: GoodputGuard | None = None,
     ) -> None:
         self._rng = random.Random(settings.seed if settings else 0)
-        super().__init__(settings, acceptance, cost_model)
+        super().__init__(settings, acceptance, cost_model, guard)
         self._previous: dict[str, tuple[ProposerName, int]] = {}
         self.last_plan: BatchPlan | None = None  # for stats and tests: the last plan, probes included
 
@@ -55,6 +59,9 @@ class AdaptivePolicy(LearningPolicy):
         plan = plan_batch(candidates, coeffs, batch.num_prefill_tokens, self.settings.hysteresis)
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
+        if any(plan.ks) and self._vetoed(len(requests)):
+            self.last_plan = None
+            return [PLAIN] * len(requests)
         plan = self.last_plan = self._explore(plan, candidates, coeffs)
         return [Decision(k, proposer) if k > 0 else PLAIN for k, proposer in zip(plan.ks, plan.proposers, strict=True)]
 
@@ -66,6 +73,12 @@ class AdaptivePolicy(LearningPolicy):
     def forget(self, request_id: str) -> None:
         super().forget(request_id)
         self._previous.pop(request_id, None)
+
+    def _vetoed(self, batch_size: int) -> bool:
+        """The goodput guard's measured verdict overrides the model's plan (see policies/guard.py)."""
+        settings = self.settings
+        return settings.goodput_guard and not self.guard.allow_speculation(
+            batch_size, self._rng, settings.guard_probe_rate)
 
     def _candidate(self, view: RequestView) -> Candidate:
         """The request's options: which proposers it may use this step, their alphas, and the k cap."""

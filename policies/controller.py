@@ -18,6 +18,7 @@ from policies.adaptive import AdaptivePolicy
 from policies.base import BatchView, Decision, RoundOutcome, StepTiming
 from policies.cost_model import CostModel
 from policies.fixed import FixedPolicy, OffPolicy
+from policies.guard import GoodputGuard
 from policies.learning import LearningPolicy
 from policies.settings import K_LIMIT, PolicySettings
 
@@ -26,14 +27,15 @@ def build_policy(
     settings: PolicySettings,
     acceptance: AcceptanceEstimator | None = None,
     cost_model: CostModel | None = None,
+    guard: GoodputGuard | None = None,
 ) -> LearningPolicy:
     """The one place that maps a mode to a policy class."""
     kind = settings.policy_kind
     if kind == "off":
-        return OffPolicy(settings, acceptance, cost_model)
+        return OffPolicy(settings, acceptance, cost_model, guard)
     if kind == "fixed":
-        return FixedPolicy(settings, acceptance, cost_model)
-    return AdaptivePolicy(settings, acceptance, cost_model)
+        return FixedPolicy(settings, acceptance, cost_model, guard)
+    return AdaptivePolicy(settings, acceptance, cost_model, guard)
 
 
 class PolicyController:
@@ -45,7 +47,8 @@ class PolicyController:
         self._pending: PolicySettings | None = None
         self._acceptance = AcceptanceEstimator(self._settings)
         self._cost_model = CostModel()
-        self._policy = build_policy(self._settings, self._acceptance, self._cost_model)
+        self._guard = GoodputGuard()
+        self._policy = build_policy(self._settings, self._acceptance, self._cost_model, self._guard)
         self._num_steps = 0
         self._num_request_steps = 0
         self._k_counts = [0] * (K_LIMIT + 1)
@@ -93,7 +96,7 @@ class PolicyController:
         if new.policy_kind == self._settings.policy_kind:
             self._policy.reconfigure(new)
         else:
-            self._policy = build_policy(new, self._acceptance, self._cost_model)
+            self._policy = build_policy(new, self._acceptance, self._cost_model, self._guard)
         self._settings = new
         return True
 
@@ -141,5 +144,6 @@ class PolicyController:
                     "by_proposer": dict(self._proposer_counts),
                 },
                 "cost_model": self._cost_model.fit_summary(),
+                "goodput_guard": self._guard.summary(),
                 "num_tracked_requests": self._acceptance.num_tracked_requests,
             }

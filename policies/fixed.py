@@ -9,6 +9,7 @@ from __future__ import annotations
 from policies.acceptance import AcceptanceEstimator
 from policies.base import BatchView, Decision, ProposerName, RequestView
 from policies.cost_model import CostModel
+from policies.guard import GoodputGuard
 from policies.learning import LearningPolicy
 from policies.settings import PolicySettings
 
@@ -37,9 +38,10 @@ class FixedPolicy(LearningPolicy):
         settings: PolicySettings | None = None,
         acceptance: AcceptanceEstimator | None = None,
         cost_model: CostModel | None = None,
+        guard: GoodputGuard | None = None,
     ) -> None:
         self.proposer: ProposerName = "draft"
-        super().__init__(settings, acceptance, cost_model)
+        super().__init__(settings, acceptance, cost_model, guard)
 
     def reconfigure(self, settings: PolicySettings) -> None:
         super().reconfigure(settings)

@@ -1,8 +1,8 @@
-"""What every policy does with observations: feed the shared acceptance estimator and cost model.
+"""What every policy does with observations: feed the shared acceptance estimator, cost model and guard.
 
-The learned state lives outside the policy objects so that the controller can hand it from one policy
-to the next when the settings (or the mode) change: switching from `fixed` to `auto` starts with
-everything the fixed policy saw.
+The learned state (acceptance, step costs, realised goodput) lives outside the policy objects so that
+the controller can hand it from one policy to the next when the settings (or the mode) change:
+switching from `fixed` to `auto` starts with everything the fixed policy saw.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from policies.acceptance import AcceptanceEstimator
 from policies.base import BatchView, Decision, RoundOutcome, StepTiming
 from policies.cost_model import CostModel
+from policies.guard import GoodputGuard
 from policies.settings import PolicySettings
 
 
@@ -23,10 +24,12 @@ class LearningPolicy:
         settings: PolicySettings | None = None,
         acceptance: AcceptanceEstimator | None = None,
         cost_model: CostModel | None = None,
+        guard: GoodputGuard | None = None,
     ) -> None:
         self.settings = settings or PolicySettings()
         self.acceptance = acceptance or AcceptanceEstimator()
         self.cost_model = cost_model or CostModel()
+        self.guard = guard or GoodputGuard()
         self.reconfigure(self.settings)
 
     def reconfigure(self, settings: PolicySettings) -> None:
@@ -43,6 +46,7 @@ class LearningPolicy:
 
     def observe_step(self, timing: StepTiming) -> None:
         self.cost_model.observe(timing)
+        self.guard.observe(timing)
 
     def forget(self, request_id: str) -> None:
         self.acceptance.forget(request_id)

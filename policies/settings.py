@@ -41,6 +41,8 @@ class PolicySettings:
     exploration_max_loss: float = 0.005  # expected goodput fraction that probing may cost, [0, 1]
     hysteresis: float = 0.03  # relative gain a new choice needs over the previous one, [0, 1]
     max_batch_for_speculation: int | None = None  # above this many running requests: plain decode; None = no cap
+    goodput_guard: bool = True  # veto speculation at batch sizes where it measurably ran slower than plain decode
+    guard_probe_rate: float = 0.05  # chance per step that the guard tries the arm it currently rejects, [0, 1]
     ngram_min_match: int = 3  # auto mode considers the n-gram proposer from this match length on, >= 1
     draft_cost_per_token: float | None = None  # seconds per draft forward pass; overrides the fit, >= 0
     verify_cost_coefficients: tuple[float, float, float] | None = None  # (a, b, c) seconds; overrides the fit
@@ -58,7 +60,7 @@ class PolicySettings:
             _check(0.0 < value < 1.0, name, f"must be in (0, 1); got {value}")
         _check(0.0 <= self.alpha_floor <= 0.9, "alpha_floor", f"must be in [0, 0.9]; got {self.alpha_floor}")
         _check(0 <= self.warmup_rounds <= 1000, "warmup_rounds", f"must be in 0..1000; got {self.warmup_rounds}")
-        for name in ("exploration_rate", "exploration_max_loss", "hysteresis"):
+        for name in ("exploration_rate", "exploration_max_loss", "hysteresis", "guard_probe_rate"):
             value = getattr(self, name)
             _check(0.0 <= value <= 1.0, name, f"must be in [0, 1]; got {value}")
         if self.max_batch_for_speculation is not None:
@@ -98,7 +100,7 @@ class PolicySettings:
 _INT_FIELDS = {"k", "k_max", "warmup_rounds", "ngram_min_match", "seed"}
 _FLOAT_FIELDS = {
     "ewma_weight", "prior_alpha_draft", "prior_alpha_ngram", "alpha_floor",
-    "exploration_rate", "exploration_max_loss", "hysteresis",
+    "exploration_rate", "exploration_max_loss", "hysteresis", "guard_probe_rate",
 }  # fmt: skip
 _OPTIONAL_INT_FIELDS = {"max_batch_for_speculation"}
 _OPTIONAL_FLOAT_FIELDS = {"draft_cost_per_token"}
@@ -109,6 +111,8 @@ def _normalise(settings: PolicySettings, name: str) -> None:
     value = getattr(settings, name)
     if name == "mode":
         _check(isinstance(value, str), name, f"must be a string; got {type(value).__name__}")
+    elif name == "goodput_guard":
+        _check(isinstance(value, bool), name, f"must be true or false; got {value!r}")
     elif name in _INT_FIELDS or (name in _OPTIONAL_INT_FIELDS and value is not None):
         _check(_is_int(value), name, f"must be an integer; got {value!r}")
     elif name in _FLOAT_FIELDS or (name in _OPTIONAL_FLOAT_FIELDS and value is not None):

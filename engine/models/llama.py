@@ -51,6 +51,7 @@ class AttentionMetadata:
     scatter_index: torch.Tensor
     batch_size: int
     max_new: int
+    uniform: bool = False  # all requests feed max_new tokens (pure decode, equal-k verification): no padding
 
     @property
     def gather_flat(self) -> torch.Tensor:
@@ -81,6 +82,7 @@ def build_attention_metadata(
         scatter_index=scatter.to(device),
         batch_size=batch,
         max_new=max_new,
+        uniform=bool((new_len == max_new).all()),
     )
 
 
@@ -91,6 +93,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused kernel; same arithmetic as the generic path below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -137,22 +141,28 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, args.hidden_size, bias=args.attention_bias)
 
     def forward(self, x, cos, sin, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)
+        qkv = self.qkv_proj(x)
+        # q and k heads are adjacent in the fused projection: rotate them in one go
+        qk = apply_rope(qkv[:, : self.q_size + self.kv_size].view(-1, self.num_heads + self.num_kv_heads,
+                                                                   self.head_dim), cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, self.q_size + self.kv_size:].view(-1, self.num_kv_heads, self.head_dim)
         k_cache.index_copy_(0, meta.write_index, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, meta.write_index, v.view(-1, self.num_kv_heads, self.head_dim).to(v_cache.dtype))
+        v_cache.index_copy_(0, meta.write_index, v.to(v_cache.dtype))
         # gather each request's context: [batch, kv_heads, max_ctx, head_dim] (index_select: far faster than x[idx])
         shape = (meta.batch_size, -1, self.num_kv_heads, self.head_dim)
         keys = k_cache.index_select(0, meta.gather_flat).view(shape).transpose(1, 2).to(q.dtype)
         values = v_cache.index_select(0, meta.gather_flat).view(shape).transpose(1, 2).to(q.dtype)
-        padded = q.new_zeros(meta.batch_size * meta.max_new, self.num_heads, self.head_dim)
-        padded[meta.scatter_index] = q
-        queries = padded.view(meta.batch_size, meta.max_new, self.num_heads, self.head_dim).transpose(1, 2)
+        if meta.uniform:  # every request feeds max_new tokens: the flat axis already is the padded grid
+            queries = q.reshape(meta.batch_size, meta.max_new, self.num_heads, self.head_dim).transpose(1, 2)
+        else:
+            padded = q.new_zeros(meta.batch_size * meta.max_new, self.num_heads, self.head_dim)
+            padded[meta.scatter_index] = q
+            queries = padded.view(meta.batch_size, meta.max_new, self.num_heads, self.head_dim).transpose(1, 2)
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.mask,
                                              enable_gqa=self.num_kv_heads != self.num_heads)
-        out = out.transpose(1, 2).reshape(meta.batch_size * meta.max_new, self.q_size)[meta.scatter_index]
-        return self.o_proj(out)
+        out = out.transpose(1, 2).reshape(meta.batch_size * meta.max_new, self.q_size)
+        return self.o_proj(out if meta.uniform else out[meta.scatter_index])
 
 
 class MLP(nn.Module):

@@ -1,0 +1,92 @@
+"""A measured check on the cost model: does speculation pay at this batch size, right now?
+
+The goodput plan (policies/goodput.py) is only as right as the cost model, and a linear step-cost
+model misses real effects: padded attention grows with batch x (largest k + 1), a CPU's matmuls
+change regime with the row count, the engine's own per-step work grows with the drafts. So the
+adaptive policy also keeps the *realised* goodput (tokens emitted per second of whole step time) of
+plain steps and of speculative steps per batch-size bucket, and vetoes speculation in a bucket where
+speculative steps have been measurably slower than plain ones.
+
+Steps in which the draft model first had to catch up on tokens it missed (its lazy prefill, or a
+return from plain decode) are left out: that is a one-off cost of switching, and counting it would
+make every probe of speculation look bad and keep the veto in place for ever.
+
+Both arms must stay measured for the comparison to stay true, so each decision takes the other arm
+with a small probability (``probe_rate``); a bucket where plain decode was never measured takes plain
+steps at a higher rate until it has ``MIN_SAMPLES`` of them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from policies.base import StepTiming
+
+MIN_SAMPLES = 3  # steps of an arm in a bucket before its rate counts
+MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate is still unknown
+EWMA_WEIGHT = 0.2  # weight of the newest step's tokens and seconds
+
+
+def batch_bucket(batch_size: int) -> int:
+    """1, 2, 3-4, 5-8, ... -> 0, 1, 2, 3, ...: per-token costs change slowly with batch size."""
+    return max(0, math.ceil(math.log2(max(1, batch_size))))
+
+
+@dataclass
+class _Arm:
+    tokens: float = 0.0
+    seconds: float = 0.0
+    samples: int = 0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        w = 1.0 if self.samples == 0 else EWMA_WEIGHT
+        self.tokens += w * (tokens - self.tokens)
+        self.seconds += w * (seconds - self.seconds)
+        self.samples += 1
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class GoodputGuard:
+    """Realised tokens/s of plain vs speculative steps, per batch-size bucket."""
+
+    def __init__(self) -> None:
+        self._arms: dict[tuple[int, bool], _Arm] = {}
+
+    def observe(self, timing: StepTiming) -> None:
+        """Record one decode/verify step (no prefill); speculative iff it fed drafts to the target."""
+        if timing.step_seconds <= 0 or not math.isfinite(timing.step_seconds) or timing.batch_size <= 0:
+            return
+        if timing.draft_caught_up:  # a one-off cost of switching speculation on, not its steady rate
+            return
+        speculative = timing.num_tokens > timing.batch_size
+        arm = self._arms.setdefault((batch_bucket(timing.batch_size), speculative), _Arm())
+        arm.add(timing.num_generated, timing.step_seconds)
+
+    def allow_speculation(self, batch_size: int, rng: random.Random, probe_rate: float) -> bool:
+        """Whether a step that the plan would speculate in may do so."""
+        bucket = batch_bucket(batch_size)
+        plain, spec = self._arms.get((bucket, False)), self._arms.get((bucket, True))
+        if spec is None or spec.samples < MIN_SAMPLES:
+            return True  # let the plan show what speculation does here
+        if plain is None or plain.samples < MIN_SAMPLES:
+            return rng.random() >= MEASURE_PLAIN_RATE
+        pays = spec.rate >= plain.rate
+        return pays if rng.random() >= probe_rate else not pays
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per bucket: the batch sizes it covers and each arm's realised tokens/s."""
+        out = []
+        for bucket in sorted({b for b, _ in self._arms}):
+            low, high = (1, 1) if bucket == 0 else (2 ** (bucket - 1) + 1, 2**bucket)
+            row: dict[str, Any] = {"batch_sizes": [low, high]}
+            for name, speculative in (("plain", False), ("speculative", True)):
+                arm = self._arms.get((bucket, speculative))
+                row[name] = {"tokens_per_s": arm.rate, "steps": arm.samples} if arm else None
+            out.append(row)
+        return out

@@ -1,0 +1,92 @@
+"""The goodput guard: realised tokens/s of plain vs speculative steps per batch-size bucket."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from policies import AdaptivePolicy, BatchView, OffPolicy, PolicySettings, PolicySettingsError, RequestView, StepTiming
+from policies.guard import MEASURE_PLAIN_RATE, GoodputGuard, batch_bucket
+from policies.simulate import SimCost, simulate
+
+
+def step(batch: int, speculative: bool, tokens: int, seconds: float) -> StepTiming:
+    fed = batch * 3 if speculative else batch
+    return StepTiming(batch, fed, seconds, step_seconds=seconds, num_generated=tokens)
+
+
+def allowed_fraction(guard: GoodputGuard, batch: int, probe_rate: float, draws: int = 4000) -> float:
+    rng = random.Random(0)
+    return sum(guard.allow_speculation(batch, rng, probe_rate) for _ in range(draws)) / draws
+
+
+def test_buckets_group_batch_sizes_by_powers_of_two() -> None:
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33)] == [0, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6]
+
+
+def test_speculation_is_allowed_until_both_arms_are_measured() -> None:
+    guard = GoodputGuard()
+    assert allowed_fraction(guard, 8, 0.05) == 1.0
+    for _ in range(3):
+        guard.observe(step(8, True, 8, 0.01))
+    # speculation measured, plain not yet: plain steps are taken at MEASURE_PLAIN_RATE to learn it
+    assert allowed_fraction(guard, 8, 0.05) == pytest.approx(1 - MEASURE_PLAIN_RATE, abs=0.03)
+
+
+@pytest.mark.parametrize(("spec_tokens", "expected"), [(30, 0.95), (12, 0.05)])
+def test_verdict_follows_the_measured_rates_with_probes(spec_tokens: int, expected: float) -> None:
+    guard = GoodputGuard()
+    for _ in range(5):
+        guard.observe(step(16, False, 16, 0.010))  # plain: 1600 tokens/s
+        guard.observe(step(16, True, spec_tokens, 0.015))  # 2000 or 800 tokens/s
+    assert allowed_fraction(guard, 16, 0.05) == pytest.approx(expected, abs=0.02)
+    assert allowed_fraction(guard, 1, 0.05) == 1.0  # another bucket knows nothing yet
+
+
+def test_summary_reports_each_bucket() -> None:
+    guard = GoodputGuard()
+    guard.observe(step(3, False, 3, 0.01))
+    guard.observe(step(0, False, 0, 0.01))  # ignored
+    guard.observe(step(3, True, 6, 0.0))  # no step time: ignored
+    [row] = guard.summary()
+    assert row == {"batch_sizes": [3, 4], "plain": {"tokens_per_s": pytest.approx(300.0), "steps": 1},
+                   "speculative": None}
+
+
+def test_adaptive_policy_decodes_plainly_where_speculation_measured_slower() -> None:
+    policy = AdaptivePolicy(PolicySettings(guard_probe_rate=0.0))
+    views = tuple(RequestView(f"r{i}", 0.0, 10, 4, 0) for i in range(8))
+    assert any(d.k for d in policy.decide(BatchView(views)))  # the model alone would speculate
+    for _ in range(5):
+        policy.observe_step(step(8, False, 8, 0.010))
+        policy.observe_step(step(8, True, 10, 0.020))
+    assert all(d.k == 0 for _ in range(20) for d in policy.decide(BatchView(views)))
+    off_guard = AdaptivePolicy(PolicySettings(goodput_guard=False), policy.acceptance, policy.cost_model, policy.guard)
+    assert any(d.k for d in off_guard.decide(BatchView(views)))
+
+
+def test_guard_rescues_a_cost_model_that_misses_padded_attention() -> None:
+    """A step cost with a batch x (largest k + 1) term the linear cost model cannot express: without
+    the guard the adaptive policy speculates at a loss; with it, it stays near plain decode."""
+    cost = SimCost(verify_per_padded_token=1e-4)
+    off = simulate(OffPolicy(), 32, 600, cost).goodput
+    unguarded = simulate(AdaptivePolicy(PolicySettings(goodput_guard=False)), 32, 600, cost).goodput
+    guarded = simulate(AdaptivePolicy(), 32, 600, cost).goodput
+    assert unguarded < 0.9 * off
+    assert guarded >= 0.95 * off
+
+
+def test_settings_validate_the_guard_fields() -> None:
+    assert PolicySettings.from_dict({"goodput_guard": False, "guard_probe_rate": 0.1}).guard_probe_rate == 0.1
+    with pytest.raises(PolicySettingsError, match="goodput_guard"):
+        PolicySettings.from_dict({"goodput_guard": 1})
+    with pytest.raises(PolicySettingsError, match="guard_probe_rate"):
+        PolicySettings.from_dict({"guard_probe_rate": 1.5})
+
+
+def test_draft_catch_up_steps_are_not_counted() -> None:
+    guard = GoodputGuard()
+    slow_switch = StepTiming(4, 12, 0.5, step_seconds=0.5, num_generated=8, draft_caught_up=True)
+    guard.observe(slow_switch)
+    assert guard.summary() == []
