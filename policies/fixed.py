@@ -7,7 +7,7 @@ adaptive policy starts informed.
 from __future__ import annotations
 
 from policies.acceptance import AcceptanceEstimator
-from policies.base import BatchView, Decision, ProposerName, RequestView
+from policies.base import BatchView, Decision, ProposerName, RequestView, StepTiming
 from policies.cost_model import CostModel
 from policies.guard import GoodputGuard
 from policies.learning import LearningPolicy
@@ -46,6 +46,11 @@ class FixedPolicy(LearningPolicy):
     def reconfigure(self, settings: PolicySettings) -> None:
         super().reconfigure(settings)
         self.proposer = "ngram" if settings.mode == "ngram" else "draft"
+
+    def observe_step(self, timing: StepTiming) -> None:
+        """Step costs only: a fixed k's speculative steps say nothing of what the adaptive plan's would
+        yield, so they must not shape the goodput guard's verdict."""
+        self.cost_model.observe(timing)
 
     def decide(self, batch: BatchView) -> list[Decision]:
         if self.over_load_limit(len(batch.requests)):

@@ -6,7 +6,16 @@ import random
 
 import pytest
 
-from policies import AdaptivePolicy, BatchView, OffPolicy, PolicySettings, PolicySettingsError, RequestView, StepTiming
+from policies import (
+    AdaptivePolicy,
+    BatchView,
+    FixedPolicy,
+    OffPolicy,
+    PolicySettings,
+    PolicySettingsError,
+    RequestView,
+    StepTiming,
+)
 from policies.guard import MEASURE_PLAIN_RATE, GoodputGuard, batch_bucket
 from policies.simulate import SimCost, simulate
 
@@ -90,3 +99,11 @@ def test_draft_catch_up_steps_are_not_counted() -> None:
     slow_switch = StepTiming(4, 12, 0.5, step_seconds=0.5, num_generated=8, draft_caught_up=True)
     guard.observe(slow_switch)
     assert guard.summary() == []
+
+
+def test_fixed_policies_do_not_feed_the_guard_but_plain_decode_does() -> None:
+    guard = GoodputGuard()
+    FixedPolicy(PolicySettings(mode="draft", k=4), guard=guard).observe_step(step(8, True, 8, 0.02))
+    assert guard.summary() == []
+    OffPolicy(guard=guard).observe_step(step(8, False, 8, 0.01))
+    assert guard.summary()[0]["plain"]["steps"] == 1
