@@ -5,7 +5,9 @@ model misses real effects: padded attention grows with batch x (largest k + 1), 
 change regime with the row count, the engine's own per-step work grows with the drafts. So the
 adaptive policy also keeps the *realised* goodput (tokens emitted per second of whole step time) of
 plain steps and of speculative steps per batch-size bucket, and vetoes speculation in a bucket where
-speculative steps have been measurably slower than plain ones.
+speculative steps have not been measurably faster (by ``REQUIRED_GAIN``) than plain ones: near
+break-even, the flips between the two (each return to speculation makes the draft model catch up)
+and the noise of the estimates would cost more than the gain.
 
 Steps in which the draft model first had to catch up on tokens it missed (its lazy prefill, or a
 return from plain decode) are left out: that is a one-off cost of switching, and counting it would
@@ -27,7 +29,8 @@ from policies.base import StepTiming
 
 MIN_SAMPLES = 3  # steps of an arm in a bucket before its rate counts
 MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate is still unknown
-EWMA_WEIGHT = 0.2  # weight of the newest step's tokens and seconds
+EWMA_WEIGHT = 0.05  # weight of the newest step's tokens and seconds: about the last 20 steps count
+REQUIRED_GAIN = 0.05  # speculation must beat plain decode by this much: near break-even, plain cannot lose
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -76,7 +79,7 @@ class GoodputGuard:
             return True  # let the plan show what speculation does here
         if plain is None or plain.samples < MIN_SAMPLES:
             return rng.random() >= MEASURE_PLAIN_RATE
-        pays = spec.rate >= plain.rate
+        pays = spec.rate >= plain.rate * (1.0 + REQUIRED_GAIN)
         return pays if rng.random() >= probe_rate else not pays
 
     def summary(self) -> list[dict[str, Any]]:
