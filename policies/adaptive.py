@@ -59,6 +59,7 @@ class AdaptivePolicy(LearningPolicy):
         plan = plan_batch(candidates, coeffs, batch.num_prefill_tokens, self.settings.hysteresis)
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
+        self.batch_temperature = sum(view.temperature for view in requests) / len(requests)
         if any(plan.ks) and self._vetoed(len(requests)):
             self.last_plan = None
             return [PLAIN] * len(requests)
@@ -78,7 +79,7 @@ class AdaptivePolicy(LearningPolicy):
         """The goodput guard's measured verdict overrides the model's plan (see policies/guard.py)."""
         settings = self.settings
         return settings.goodput_guard and not self.guard.allow_speculation(
-            batch_size, self._rng, settings.guard_probe_rate)
+            batch_size, self.batch_temperature, self._rng, settings.guard_probe_rate)
 
     def _candidate(self, view: RequestView) -> Candidate:
         """The request's options: which proposers it may use this step, their alphas, and the k cap."""

@@ -4,7 +4,8 @@ The goodput plan (policies/goodput.py) is only as right as the cost model, and a
 model misses real effects: padded attention grows with batch x (largest k + 1), a CPU's matmuls
 change regime with the row count, the engine's own per-step work grows with the drafts. So the
 adaptive policy also keeps the *realised* goodput (tokens emitted per second of whole step time) of
-plain steps and of speculative steps per batch-size bucket, and vetoes speculation in a bucket where
+plain steps and of speculative steps per batch-size bucket (speculative ones also per temperature
+bucket: what speculation yields depends on T), and vetoes speculation where
 speculative steps have not been measurably faster (by ``REQUIRED_GAIN``) than plain ones: near
 break-even, the flips between the two (each return to speculation makes the draft model catch up)
 and the noise of the estimates would cost more than the gain.
@@ -25,6 +26,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from policies.acceptance import TEMPERATURE_BUCKETS, temperature_bucket
 from policies.base import StepTiming
 
 MIN_SAMPLES = 3  # steps of an arm in a bucket before its rate counts
@@ -56,25 +58,34 @@ class _Arm:
 
 
 class GoodputGuard:
-    """Realised tokens/s of plain vs speculative steps, per batch-size bucket."""
+    """Realised tokens/s of plain steps per batch-size bucket, and of speculative steps per batch-size
+    bucket and temperature bucket (acceptance, so what speculation yields, falls as T rises; plain
+    decode costs the same at any T)."""
 
     def __init__(self) -> None:
-        self._arms: dict[tuple[int, bool], _Arm] = {}
+        self._plain: dict[int, _Arm] = {}
+        self._speculative: dict[tuple[int, int], _Arm] = {}
 
-    def observe(self, timing: StepTiming) -> None:
-        """Record one decode/verify step (no prefill); speculative iff it fed drafts to the target."""
+    def observe(self, timing: StepTiming, temperature: float = 0.0) -> None:
+        """Record one decode/verify step (no prefill); speculative iff it fed drafts to the target.
+
+        ``temperature``: the mean sampling temperature of the step's requests.
+        """
         if timing.step_seconds <= 0 or not math.isfinite(timing.step_seconds) or timing.batch_size <= 0:
             return
         if timing.draft_caught_up:  # a one-off cost of switching speculation on, not its steady rate
             return
-        speculative = timing.num_tokens > timing.batch_size
-        arm = self._arms.setdefault((batch_bucket(timing.batch_size), speculative), _Arm())
+        bucket = batch_bucket(timing.batch_size)
+        if timing.num_tokens > timing.batch_size:
+            arm = self._speculative.setdefault((bucket, temperature_bucket(temperature)), _Arm())
+        else:
+            arm = self._plain.setdefault(bucket, _Arm())
         arm.add(timing.num_generated, timing.step_seconds)
 
-    def allow_speculation(self, batch_size: int, rng: random.Random, probe_rate: float) -> bool:
-        """Whether a step that the plan would speculate in may do so."""
+    def allow_speculation(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float) -> bool:
+        """Whether a step that the plan would speculate in may do so (``temperature``: the batch's mean)."""
         bucket = batch_bucket(batch_size)
-        plain, spec = self._arms.get((bucket, False)), self._arms.get((bucket, True))
+        plain, spec = self._plain.get(bucket), self._speculative.get((bucket, temperature_bucket(temperature)))
         if spec is None or spec.samples < MIN_SAMPLES:
             return True  # let the plan show what speculation does here
         if plain is None or plain.samples < MIN_SAMPLES:
@@ -83,13 +94,19 @@ class GoodputGuard:
         return pays if rng.random() >= probe_rate else not pays
 
     def summary(self) -> list[dict[str, Any]]:
-        """Per bucket: the batch sizes it covers and each arm's realised tokens/s."""
+        """Per batch-size bucket: the sizes it covers, plain tokens/s, speculative tokens/s by temperature."""
         out = []
-        for bucket in sorted({b for b, _ in self._arms}):
+        for bucket in sorted(set(self._plain) | {b for b, _ in self._speculative}):
             low, high = (1, 1) if bucket == 0 else (2 ** (bucket - 1) + 1, 2**bucket)
-            row: dict[str, Any] = {"batch_sizes": [low, high]}
-            for name, speculative in (("plain", False), ("speculative", True)):
-                arm = self._arms.get((bucket, speculative))
-                row[name] = {"tokens_per_s": arm.rate, "steps": arm.samples} if arm else None
-            out.append(row)
+            plain = self._plain.get(bucket)
+            out.append({
+                "batch_sizes": [low, high],
+                "plain": _describe(plain) if plain else None,
+                "speculative": {TEMPERATURE_BUCKETS[t]: _describe(arm)
+                                for (b, t), arm in sorted(self._speculative.items()) if b == bucket},
+            })
         return out
+
+
+def _describe(arm: _Arm) -> dict[str, Any]:
+    return {"tokens_per_s": arm.rate, "steps": arm.samples}

@@ -30,6 +30,7 @@ class LearningPolicy:
         self.acceptance = acceptance or AcceptanceEstimator()
         self.cost_model = cost_model or CostModel()
         self.guard = guard or GoodputGuard()
+        self.batch_temperature = 0.0  # mean temperature of the last decided batch, for the guard
         self.reconfigure(self.settings)
 
     def reconfigure(self, settings: PolicySettings) -> None:
@@ -46,7 +47,7 @@ class LearningPolicy:
 
     def observe_step(self, timing: StepTiming) -> None:
         self.cost_model.observe(timing)
-        self.guard.observe(timing)
+        self.guard.observe(timing, self.batch_temperature)
 
     def forget(self, request_id: str) -> None:
         self.acceptance.forget(request_id)

@@ -25,9 +25,10 @@ def step(batch: int, speculative: bool, tokens: int, seconds: float) -> StepTimi
     return StepTiming(batch, fed, seconds, step_seconds=seconds, num_generated=tokens)
 
 
-def allowed_fraction(guard: GoodputGuard, batch: int, probe_rate: float, draws: int = 4000) -> float:
+def allowed_fraction(guard: GoodputGuard, batch: int, probe_rate: float, temperature: float = 0.0) -> float:
     rng = random.Random(0)
-    return sum(guard.allow_speculation(batch, rng, probe_rate) for _ in range(draws)) / draws
+    draws = 4000
+    return sum(guard.allow_speculation(batch, temperature, rng, probe_rate) for _ in range(draws)) / draws
 
 
 def test_buckets_group_batch_sizes_by_powers_of_two() -> None:
@@ -53,14 +54,27 @@ def test_verdict_follows_the_measured_rates_with_probes(spec_tokens: int, expect
     assert allowed_fraction(guard, 1, 0.05) == 1.0  # another bucket knows nothing yet
 
 
+def test_speculative_rates_are_kept_per_temperature() -> None:
+    """Greedy steps that speculate well say nothing about T = 1 steps, whose acceptance is lower."""
+    guard = GoodputGuard()
+    for _ in range(5):
+        guard.observe(step(16, False, 16, 0.010))
+        guard.observe(step(16, True, 32, 0.012), temperature=0.0)
+        guard.observe(step(16, True, 17, 0.012), temperature=1.0)
+    assert allowed_fraction(guard, 16, 0.0, temperature=0.0) == 1.0
+    assert allowed_fraction(guard, 16, 0.0, temperature=1.0) == 0.0
+    assert allowed_fraction(guard, 16, 0.0, temperature=0.7) == 1.0  # nothing measured at T=0.7 yet
+
+
 def test_summary_reports_each_bucket() -> None:
     guard = GoodputGuard()
     guard.observe(step(3, False, 3, 0.01))
     guard.observe(step(0, False, 0, 0.01))  # ignored
     guard.observe(step(3, True, 6, 0.0))  # no step time: ignored
+    guard.observe(step(4, True, 8, 0.01), temperature=0.7)
     [row] = guard.summary()
     assert row == {"batch_sizes": [3, 4], "plain": {"tokens_per_s": pytest.approx(300.0), "steps": 1},
-                   "speculative": None}
+                   "speculative": {"(0.5,0.9]": {"tokens_per_s": pytest.approx(800.0), "steps": 1}}}
 
 
 def test_adaptive_policy_decodes_plainly_where_speculation_measured_slower() -> None:
