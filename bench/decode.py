@@ -48,12 +48,13 @@ def main() -> None:
         rows.append({"concurrency": n, "ours_tok_s": result.tokens_per_s, "hf_sequential_tok_s": hf_seq_rate,
                      "ratio": result.tokens_per_s / hf_seq_rate})
     print(table(rows, ["concurrency", "ours_tok_s", "hf_sequential_tok_s", "ratio"]))
-    path = save("decode", {"args": vars(args), "batch1": batch1, "concurrency": rows})
-    plot(rows, batch1)
+    name = "decode" if (args.device, args.dtype) == ("cpu", "float32") else f"decode_{args.device}_{args.dtype}"
+    path = save(name, {"args": vars(args), "batch1": batch1, "concurrency": rows})
+    plot(rows, batch1, name)
     print(f"saved {path}")
 
 
-def plot(rows: list[dict], batch1: dict) -> None:
+def plot(rows: list[dict], batch1: dict, name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,7 +73,7 @@ def plot(rows: list[dict], batch1: dict) -> None:
     b.legend()
     b.set_title("throughput")
     fig.tight_layout()
-    fig.savefig(RESULTS / "decode.png", dpi=120)
+    fig.savefig(RESULTS / f"{name}.png", dpi=120)
 
 
 if __name__ == "__main__":
