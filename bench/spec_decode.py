@@ -95,12 +95,14 @@ def main() -> None:
                   f"{runs[best]['tok_s'] / plain:.2f}x plain, {runs[best]['tok_s'] / hf_best:.2f}x best HF speculative",
                   flush=True)
     print(table(rows, ["workload", "temperature", "mode", "tok_s", "vs_plain", "acceptance"]))
-    path = save("spec_decode", {"args": vars(args), "cost_ratio": cost_ratio, "rows": rows})
-    plot(rows)
+    default = (args.device, args.dtype) == ("cpu", "float32")
+    name = "spec_decode" if default else f"spec_decode_{args.device}_{args.dtype}"
+    path = save(name, {"args": vars(args), "cost_ratio": cost_ratio, "rows": rows})
+    plot(rows, name)
     print(f"saved {path}")
 
 
-def plot(rows: list[dict]) -> None:
+def plot(rows: list[dict], name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -116,7 +118,7 @@ def plot(rows: list[dict]) -> None:
         ax.tick_params(axis="x", rotation=75)
     axes[0].set_ylabel("tokens/s (batch 1)")
     fig.tight_layout()
-    fig.savefig(RESULTS / "spec_decode.png", dpi=110)
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,10 @@ model misses real effects: padded attention grows with batch x (largest k + 1), 
 change regime with the row count, the engine's own per-step work grows with the drafts. So the
 adaptive policy also keeps the *realised* goodput (tokens emitted per second of whole step time) of
 plain steps and of speculative steps per batch-size bucket (speculative ones also per temperature
-bucket: what speculation yields depends on T), and vetoes speculation where
-speculative steps have not been measurably faster (by ``REQUIRED_GAIN``) than plain ones: near
-break-even, the flips between the two (each return to speculation makes the draft model catch up)
-and the noise of the estimates would cost more than the gain.
+bucket: what speculation yields depends on T), and vetoes speculation where speculative steps have
+not been measurably faster (by ``REQUIRED_GAIN``) than plain ones: near break-even, the flips
+between the two (each return to speculation makes the draft model catch up) and the noise of the
+estimates would cost more than the gain.
 
 Steps in which the draft model first had to catch up on tokens it missed (its lazy prefill, or a
 return from plain decode) are left out: that is a one-off cost of switching, and counting it would
@@ -47,7 +47,7 @@ class _Arm:
     samples: int = 0
 
     def add(self, tokens: int, seconds: float) -> None:
-        w = 1.0 if self.samples == 0 else EWMA_WEIGHT
+        w = max(EWMA_WEIGHT, 1.0 / (self.samples + 1))  # a plain mean until the EWMA's horizon is filled
         self.tokens += w * (tokens - self.tokens)
         self.seconds += w * (seconds - self.seconds)
         self.samples += 1
