@@ -38,8 +38,8 @@ class RunResult:
 
 
 def make_engine(dtype: str = "float32", device: str = "cpu", **overrides) -> LLMEngine:
-    config = EngineConfig(model=str(overrides.pop("model", DEFAULT_TARGET)),
-                          draft_model=str(overrides.pop("draft_model", DEFAULT_DRAFT)),
+    draft = overrides.pop("draft_model", DEFAULT_DRAFT)
+    config = EngineConfig(model=str(overrides.pop("model", DEFAULT_TARGET)), draft_model=str(draft) if draft else None,
                           dtype=dtype, device=device, **overrides)
     return LLMEngine(config)
 
@@ -105,7 +105,7 @@ def environment() -> dict:
 def save(name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({"environment": environment(), **payload}, indent=2) + "\n")
+    path.write_text(json.dumps({"environment": environment(), **payload}, indent=2, default=str) + "\n")
     return path
 
 
