@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--temperatures", default="0,0.7,1.0")
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3, help="runs per cell and policy; the median is reported")
+    ap.add_argument("--output", default="policy_sweep", help="name of the JSON and PNG in bench/results/")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
@@ -78,8 +79,8 @@ def main() -> None:
     not_below_off = sum(c["adaptive_vs_off"] >= 1.0 for c in summary)
     cells = len(summary)
     print(f"adaptive >= 0.95x best fixed in {near_best}/{cells} cells, >= 1.0x off in {not_below_off}/{cells}")
-    path = save("policy_sweep", {"args": vars(args), "rows": rows, "summary": summary})
-    plot(rows)
+    path = save(args.output, {"args": vars(args), "rows": rows, "summary": summary})
+    plot(rows, args.output)
     print(f"saved {path}")
 
 
@@ -102,7 +103,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-def plot(rows: list[dict]) -> None:
+def plot(rows: list[dict], name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,7 +123,7 @@ def plot(rows: list[dict]) -> None:
     axes[0].set_ylabel("throughput vs off")
     axes[-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / "policy_sweep.png", dpi=110)
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
 
 
 if __name__ == "__main__":
