@@ -13,8 +13,9 @@ Three corrections on top of the pure optimum:
   ``exploration_rate`` it probes k = 1..2 with the proposer that costs least, if the expected cost of
   such probes stays below ``exploration_max_loss`` of the predicted goodput (so no draft probes under
   heavy load, where each would add whole draft passes to a large batch);
-- the goodput guard (policies/guard.py): where speculative steps have measurably emitted fewer tokens
-  per second than plain steps at this batch size, the step decodes plainly whatever the model predicts.
+- the goodput guard (policies/guard.py): where speculative steps (at this batch size and temperature)
+  have not measurably emitted more tokens per second than plain steps, the step decodes plainly
+  whatever the model predicts.
 """
 
 from __future__ import annotations
