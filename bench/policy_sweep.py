@@ -103,7 +103,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-def plot(rows: list[dict], name: str) -> None:
+def plot(rows: list[dict], output: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,7 +123,7 @@ def plot(rows: list[dict], name: str) -> None:
     axes[0].set_ylabel("throughput vs off")
     axes[-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{name}.png", dpi=110)
+    fig.savefig(RESULTS / f"{output}.png", dpi=110)
 
 
 if __name__ == "__main__":
