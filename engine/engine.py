@@ -143,7 +143,7 @@ class LLMEngine:
             return self._collect(list(self.requests.values()))
         start = time.perf_counter()
         plans = self._plan(sched.decodes)
-        draft_seconds, num_draft_requests, draft_caught_up = self._propose(plans)
+        draft_seconds, num_draft_requests = self._propose(plans)
         verify_start = time.perf_counter()
         chunks = [SeqChunk(p.request.request_id, [p.request.last_token] + p.draft_tokens,
                            p.request.num_computed, 1 + len(p.draft_tokens)) for p in plans]
@@ -170,7 +170,7 @@ class LLMEngine:
                 num_draft_tokens=sum(len(p.draft_tokens) for p in plans if p.proposer == "draft"),
                 draft_seconds=draft_seconds, num_draft_requests=num_draft_requests,
                 num_draft_passes=max((len(p.draft_tokens) for p in plans if p.proposer == "draft"), default=0),
-                step_seconds=time.perf_counter() - start, num_generated=num_generated, draft_caught_up=draft_caught_up))
+                step_seconds=time.perf_counter() - start, num_generated=num_generated))
         self.stats.observe_step(len(chunks), num_tokens, time.perf_counter() - start, num_generated)
         return self._collect(list(self.requests.values()))
 
@@ -216,13 +216,13 @@ class LLMEngine:
         return (request.params.seed is not None and not request.params.greedy
                 and self.policy.settings.mode == "auto" and (override is None or override.mode == "auto"))
 
-    def _propose(self, plans: list[Planned]) -> tuple[float, int, bool]:
-        """Fill each plan's draft; returns (draft-model seconds, draft-model batch size, caught up long).
+    def _propose(self, plans: list[Planned]) -> tuple[float, int]:
+        """Fill each plan's draft; returns (draft-model seconds, draft-model batch size).
 
         A draft round that also prefilled (lazy prefill, long catch-up after k = 0 steps) is no sample of
-        what drafting costs: it reports 0 seconds and caught_up_long.
+        what a drafting pass costs: it reports 0 seconds.
         """
-        draft_seconds, num_draft_requests, caught_up_long = 0.0, 0, False
+        draft_seconds, num_draft_requests = 0.0, 0
         for name, proposer in self.proposers.items():
             group = [p for p in plans if p.k > 0 and p.proposer == name]
             if not group:
@@ -230,10 +230,9 @@ class LLMEngine:
             start = time.perf_counter()
             for plan, draft in zip(group, proposer.propose([p.request for p in group], [p.k for p in group])):
                 plan.draft = draft
-            caught_up_long |= proposer.caught_up_long
             if name == "draft" and not proposer.caught_up_long:
                 draft_seconds, num_draft_requests = time.perf_counter() - start, len(group)
-        return draft_seconds, num_draft_requests, caught_up_long
+        return draft_seconds, num_draft_requests
 
     def _verify(self, plans: list[Planned], logits: list[torch.Tensor]) -> list[VerifyResult]:
         results: list[VerifyResult | None] = [None] * len(plans)

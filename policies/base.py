@@ -66,7 +66,6 @@ class StepTiming:
     num_draft_passes: int = 0  # sequential draft forward passes (max k of the draft users); 0 = unknown
     step_seconds: float = 0.0  # the whole step (planning, drafting, verifying, committing); 0 = unknown
     num_generated: int = 0  # tokens the step emitted (accepted drafts + one per request)
-    draft_caught_up: bool = False  # the draft model also prefilled / caught up on many tokens (a switching cost)
 
 
 class SpeculationPolicy(Protocol):

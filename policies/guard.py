@@ -11,12 +11,14 @@ between the two (each return to speculation makes the draft model catch up) and 
 estimates would cost more than the gain.
 
 Steps in which the draft model first had to catch up on tokens it missed (its lazy prefill, or a
-return from plain decode) are left out: that is a one-off cost of switching, and counting it would
-make every probe of speculation look bad and keep the veto in place for ever.
+return from plain decode) count like any other: the plan's own switching between plain and
+speculative decode costs those catch-ups, and leaving them out made speculation look better than it
+was. So that a probe of rejected speculation is not judged by its catch-up step alone, it lasts
+``PROBE_BURST`` steps, as sustained speculation would.
 
-Both arms must stay measured for the comparison to stay true, so each decision takes the other arm
-with a small probability (``probe_rate``); a bucket where plain decode was never measured takes plain
-steps at a higher rate until it has ``MIN_SAMPLES`` of them.
+Both arms must stay measured for the comparison to stay true, so a fraction ``probe_rate`` of the
+decisions takes the other arm; a bucket where plain decode was never measured takes plain steps at
+a higher rate until it has ``MIN_SAMPLES`` of them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ MIN_SAMPLES = 3  # steps of an arm in a bucket before its rate counts
 MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate is still unknown
 EWMA_WEIGHT = 0.05  # weight of the newest step's tokens and seconds: about the last 20 steps count
 REQUIRED_GAIN = 0.05  # speculation must beat plain decode by this much: near break-even, plain cannot lose
+PROBE_BURST = 4  # a probe of rejected speculation lasts this many steps (the first pays the draft's catch-up)
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -65,6 +68,7 @@ class GoodputGuard:
     def __init__(self) -> None:
         self._plain: dict[int, _Arm] = {}
         self._speculative: dict[tuple[int, int], _Arm] = {}
+        self._burst_left: dict[tuple[int, int], int] = {}  # steps left of a speculative probe burst
 
     def observe(self, timing: StepTiming, temperature: float = 0.0) -> None:
         """Record one decode/verify step (no prefill); speculative iff it fed drafts to the target.
@@ -72,8 +76,6 @@ class GoodputGuard:
         ``temperature``: the mean sampling temperature of the step's requests.
         """
         if timing.step_seconds <= 0 or not math.isfinite(timing.step_seconds) or timing.batch_size <= 0:
-            return
-        if timing.draft_caught_up:  # a one-off cost of switching speculation on, not its steady rate
             return
         bucket = batch_bucket(timing.batch_size)
         if timing.num_tokens > timing.batch_size:
@@ -84,14 +86,19 @@ class GoodputGuard:
 
     def allow_speculation(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float) -> bool:
         """Whether a step that the plan would speculate in may do so (``temperature``: the batch's mean)."""
-        bucket = batch_bucket(batch_size)
-        plain, spec = self._plain.get(bucket), self._speculative.get((bucket, temperature_bucket(temperature)))
+        key = (batch_bucket(batch_size), temperature_bucket(temperature))
+        plain, spec = self._plain.get(key[0]), self._speculative.get(key)
         if spec is None or spec.samples < MIN_SAMPLES:
             return True  # let the plan show what speculation does here
         if plain is None or plain.samples < MIN_SAMPLES:
             return rng.random() >= MEASURE_PLAIN_RATE
-        pays = spec.rate >= plain.rate * (1.0 + REQUIRED_GAIN)
-        return pays if rng.random() >= probe_rate else not pays
+        if spec.rate >= plain.rate * (1.0 + REQUIRED_GAIN):
+            return rng.random() >= probe_rate  # probe plain decode: single steps, no switching cost
+        left = self._burst_left.get(key, 0)
+        if left == 0 and rng.random() < probe_rate / PROBE_BURST:
+            left = PROBE_BURST
+        self._burst_left[key] = max(0, left - 1)
+        return left > 0
 
     def summary(self) -> list[dict[str, Any]]:
         """Per batch-size bucket: the sizes it covers, plain tokens/s, speculative tokens/s by temperature."""

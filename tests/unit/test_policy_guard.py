@@ -16,7 +16,7 @@ from policies import (
     RequestView,
     StepTiming,
 )
-from policies.guard import MEASURE_PLAIN_RATE, GoodputGuard, batch_bucket
+from policies.guard import MEASURE_PLAIN_RATE, PROBE_BURST, GoodputGuard, batch_bucket
 from policies.simulate import SimCost, simulate
 
 
@@ -108,11 +108,17 @@ def test_settings_validate_the_guard_fields() -> None:
         PolicySettings.from_dict({"guard_probe_rate": 1.5})
 
 
-def test_draft_catch_up_steps_are_not_counted() -> None:
+def test_a_probe_of_rejected_speculation_is_a_burst_of_steps() -> None:
+    """Its first step pays the draft model's catch-up; sustained speculation would not pay it every step."""
     guard = GoodputGuard()
-    slow_switch = StepTiming(4, 12, 0.5, step_seconds=0.5, num_generated=8, draft_caught_up=True)
-    guard.observe(slow_switch)
-    assert guard.summary() == []
+    for _ in range(5):
+        guard.observe(step(8, False, 8, 0.010))
+        guard.observe(step(8, True, 8, 0.020))  # speculation loses
+    rng = random.Random(1)
+    allowed = [guard.allow_speculation(8, 0.0, rng, 0.05) for _ in range(8000)]
+    assert sum(allowed) / len(allowed) == pytest.approx(0.05, abs=0.015)
+    runs = "".join("s" if a else "." for a in allowed).split(".")
+    assert {len(run) for run in runs if run} <= {PROBE_BURST, 2 * PROBE_BURST}
 
 
 def test_fixed_policies_do_not_feed_the_guard_but_plain_decode_does() -> None:
