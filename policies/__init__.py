@@ -17,6 +17,7 @@ from policies.controller import PolicyController, build_policy
 from policies.cost_model import CostCoefficients, CostModel, DraftPlan
 from policies.fixed import FixedPolicy, OffPolicy
 from policies.goodput import BatchPlan, Candidate, expected_tokens, plan_batch
+from policies.learning import LearnedState
 from policies.settings import POLICY_MODES, PolicySettings, PolicySettingsError
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "Decision",
     "DraftPlan",
     "FixedPolicy",
+    "LearnedState",
     "OffPolicy",
     "OverrideMode",
     "PolicyController",

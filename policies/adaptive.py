@@ -22,28 +22,20 @@ from __future__ import annotations
 
 import random
 
-from policies.acceptance import AcceptanceEstimator
 from policies.base import BatchView, Decision, ProposerName, RequestView
-from policies.cost_model import CostCoefficients, CostModel
+from policies.cost_model import CostCoefficients
 from policies.fixed import PLAIN
 from policies.goodput import BatchPlan, Candidate, plan_batch, with_probe
-from policies.guard import GoodputGuard
-from policies.learning import LearningPolicy
+from policies.learning import LearnedState, LearningPolicy
 from policies.settings import PolicySettings
 
 
 class AdaptivePolicy(LearningPolicy):
     name = "adaptive"
 
-    def __init__(
-        self,
-        settings: PolicySettings | None = None,
-        acceptance: AcceptanceEstimator | None = None,
-        cost_model: CostModel | None = None,
-        guard: GoodputGuard | None = None,
-    ) -> None:
+    def __init__(self, settings: PolicySettings | None = None, learned: LearnedState | None = None) -> None:
         self._rng = random.Random(settings.seed if settings else 0)
-        super().__init__(settings, acceptance, cost_model, guard)
+        super().__init__(settings, learned)
         self._previous: dict[str, tuple[ProposerName, int]] = {}
         self.last_plan: BatchPlan | None = None  # for stats and tests: the last plan, probes included
 

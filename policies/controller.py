@@ -16,26 +16,19 @@ from typing import Any
 from policies.acceptance import AcceptanceEstimator
 from policies.adaptive import AdaptivePolicy
 from policies.base import BatchView, Decision, RoundOutcome, StepTiming
-from policies.cost_model import CostModel
 from policies.fixed import FixedPolicy, OffPolicy
-from policies.guard import GoodputGuard
-from policies.learning import LearningPolicy
+from policies.learning import LearnedState, LearningPolicy
 from policies.settings import K_LIMIT, PolicySettings
 
 
-def build_policy(
-    settings: PolicySettings,
-    acceptance: AcceptanceEstimator | None = None,
-    cost_model: CostModel | None = None,
-    guard: GoodputGuard | None = None,
-) -> LearningPolicy:
+def build_policy(settings: PolicySettings, learned: LearnedState | None = None) -> LearningPolicy:
     """The one place that maps a mode to a policy class."""
     kind = settings.policy_kind
     if kind == "off":
-        return OffPolicy(settings, acceptance, cost_model, guard)
+        return OffPolicy(settings, learned)
     if kind == "fixed":
-        return FixedPolicy(settings, acceptance, cost_model, guard)
-    return AdaptivePolicy(settings, acceptance, cost_model, guard)
+        return FixedPolicy(settings, learned)
+    return AdaptivePolicy(settings, learned)
 
 
 class PolicyController:
@@ -45,10 +38,8 @@ class PolicyController:
         self._lock = threading.Lock()
         self._settings = settings or PolicySettings()
         self._pending: PolicySettings | None = None
-        self._acceptance = AcceptanceEstimator(self._settings)
-        self._cost_model = CostModel()
-        self._guard = GoodputGuard()
-        self._policy = build_policy(self._settings, self._acceptance, self._cost_model, self._guard)
+        self._learned = LearnedState(acceptance=AcceptanceEstimator(self._settings))
+        self._policy = build_policy(self._settings, self._learned)
         self._num_steps = 0
         self._num_request_steps = 0
         self._k_counts = [0] * (K_LIMIT + 1)
@@ -96,7 +87,7 @@ class PolicyController:
         if new.policy_kind == self._settings.policy_kind:
             self._policy.reconfigure(new)
         else:
-            self._policy = build_policy(new, self._acceptance, self._cost_model, self._guard)
+            self._policy = build_policy(new, self._learned)
         self._settings = new
         return True
 
@@ -136,14 +127,14 @@ class PolicyController:
                 "settings": self._settings.to_dict(),
                 "pending_settings": self._pending.to_dict() if self._pending else None,
                 "num_steps": self._num_steps,
-                "acceptance": self._acceptance.summary(),
+                "acceptance": self._learned.acceptance.summary(),
                 "chosen_k": {
                     "histogram": self._k_counts[: top + 1],
                     "num_request_steps": self._num_request_steps,
                     "plain_decode_fraction": num_plain / self._num_request_steps if self._num_request_steps else None,
                     "by_proposer": dict(self._proposer_counts),
                 },
-                "cost_model": self._cost_model.fit_summary(),
-                "goodput_guard": self._guard.summary(),
-                "num_tracked_requests": self._acceptance.num_tracked_requests,
+                "cost_model": self._learned.cost_model.fit_summary(),
+                "goodput_guard": self._learned.guard.summary(),
+                "num_tracked_requests": self._learned.acceptance.num_tracked_requests,
             }

@@ -6,10 +6,7 @@ adaptive policy starts informed.
 
 from __future__ import annotations
 
-from policies.acceptance import AcceptanceEstimator
 from policies.base import BatchView, Decision, ProposerName, RequestView, StepTiming
-from policies.cost_model import CostModel
-from policies.guard import GoodputGuard
 from policies.learning import LearningPolicy
 from policies.settings import PolicySettings
 
@@ -32,16 +29,7 @@ class FixedPolicy(LearningPolicy):
     """
 
     name = "fixed"
-
-    def __init__(
-        self,
-        settings: PolicySettings | None = None,
-        acceptance: AcceptanceEstimator | None = None,
-        cost_model: CostModel | None = None,
-        guard: GoodputGuard | None = None,
-    ) -> None:
-        self.proposer: ProposerName = "draft"
-        super().__init__(settings, acceptance, cost_model, guard)
+    proposer: ProposerName = "draft"  # set from the mode by reconfigure()
 
     def reconfigure(self, settings: PolicySettings) -> None:
         super().reconfigure(settings)

@@ -7,6 +7,8 @@ switching from `fixed` to `auto` starts with everything the fixed policy saw.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from policies.acceptance import AcceptanceEstimator
 from policies.base import BatchView, Decision, RoundOutcome, StepTiming
 from policies.cost_model import CostModel
@@ -14,22 +16,24 @@ from policies.guard import GoodputGuard
 from policies.settings import PolicySettings
 
 
+@dataclass
+class LearnedState:
+    """Everything the policies learn, handed as one from policy to policy."""
+
+    acceptance: AcceptanceEstimator = field(default_factory=AcceptanceEstimator)
+    cost_model: CostModel = field(default_factory=CostModel)
+    guard: GoodputGuard = field(default_factory=GoodputGuard)
+
+
 class LearningPolicy:
     """Base of the concrete policies: holds settings and the shared learned state; subclasses decide."""
 
     name = "learning"
 
-    def __init__(
-        self,
-        settings: PolicySettings | None = None,
-        acceptance: AcceptanceEstimator | None = None,
-        cost_model: CostModel | None = None,
-        guard: GoodputGuard | None = None,
-    ) -> None:
+    def __init__(self, settings: PolicySettings | None = None, learned: LearnedState | None = None) -> None:
         self.settings = settings or PolicySettings()
-        self.acceptance = acceptance or AcceptanceEstimator()
-        self.cost_model = cost_model or CostModel()
-        self.guard = guard or GoodputGuard()
+        self.learned = learned = learned or LearnedState()
+        self.acceptance, self.cost_model, self.guard = learned.acceptance, learned.cost_model, learned.guard
         self.batch_temperature = 0.0  # mean temperature of the last decided batch, for the guard
         self.reconfigure(self.settings)
 

@@ -10,6 +10,7 @@ from policies import (
     BatchView,
     CostModel,
     Decision,
+    LearnedState,
     PolicySettings,
     RequestView,
     RoundOutcome,
@@ -57,7 +58,7 @@ def test_low_alpha_gives_plain_decode() -> None:
 
 
 def test_very_high_load_gives_plain_decode_and_low_load_speculates_again() -> None:
-    policy = AdaptivePolicy(quiet(), cost_model=compute_bound_cost_model())
+    policy = AdaptivePolicy(quiet(), LearnedState(cost_model=compute_bound_cost_model()))
     for index in range(128):
         teach(policy, f"r{index}", accepted=2, drafted=4, rounds=5)
     crowd = BatchView(tuple(view(f"r{index}") for index in range(128)))
@@ -151,7 +152,7 @@ def test_exploration_unsticks_a_request_and_is_seeded() -> None:
 
 def test_exploration_stays_within_its_loss_budget_under_heavy_load() -> None:
     settings = PolicySettings(prior_alpha_draft=0.05, exploration_rate=1.0, exploration_max_loss=0.01)
-    policy = AdaptivePolicy(settings, cost_model=compute_bound_cost_model())
+    policy = AdaptivePolicy(settings, LearnedState(cost_model=compute_bound_cost_model()))
     crowd = BatchView(tuple(view(f"r{index}") for index in range(64)))
     probed = sum(1 for d in policy.decide(crowd) if d.k > 0)
     assert probed <= 2
@@ -160,7 +161,7 @@ def test_exploration_stays_within_its_loss_budget_under_heavy_load() -> None:
 def test_probe_uses_the_cheaper_proposer_under_load() -> None:
     """Regression: probes picked the proposer by alpha alone, so under load draft probes were all refused."""
     settings = PolicySettings(prior_alpha_ngram=0.3, exploration_rate=0.05, exploration_max_loss=0.05)
-    policy = AdaptivePolicy(settings, cost_model=compute_bound_cost_model())
+    policy = AdaptivePolicy(settings, LearnedState(cost_model=compute_bound_cost_model()))
     crowd = BatchView((view("rep", match=6), *(view(f"r{index}") for index in range(63))))
     probes = [d for _ in range(100) for d in policy.decide(crowd) if d.k > 0]
     assert probes and all(d.proposer == "ngram" for d in probes)  # a draft probe would cost a whole pass

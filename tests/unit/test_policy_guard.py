@@ -10,6 +10,7 @@ from policies import (
     AdaptivePolicy,
     BatchView,
     FixedPolicy,
+    LearnedState,
     OffPolicy,
     PolicySettings,
     PolicySettingsError,
@@ -85,7 +86,7 @@ def test_adaptive_policy_decodes_plainly_where_speculation_measured_slower() -> 
         policy.observe_step(step(8, False, 8, 0.010))
         policy.observe_step(step(8, True, 10, 0.020))
     assert all(d.k == 0 for _ in range(20) for d in policy.decide(BatchView(views)))
-    off_guard = AdaptivePolicy(PolicySettings(goodput_guard=False), policy.acceptance, policy.cost_model, policy.guard)
+    off_guard = AdaptivePolicy(PolicySettings(goodput_guard=False), policy.learned)
     assert any(d.k for d in off_guard.decide(BatchView(views)))
 
 
@@ -123,7 +124,7 @@ def test_a_probe_of_rejected_speculation_is_a_burst_of_steps() -> None:
 
 def test_fixed_policies_do_not_feed_the_guard_but_plain_decode_does() -> None:
     guard = GoodputGuard()
-    FixedPolicy(PolicySettings(mode="draft", k=4), guard=guard).observe_step(step(8, True, 8, 0.02))
+    FixedPolicy(PolicySettings(mode="draft", k=4), LearnedState(guard=guard)).observe_step(step(8, True, 8, 0.02))
     assert guard.summary() == []
-    OffPolicy(guard=guard).observe_step(step(8, False, 8, 0.01))
+    OffPolicy(learned=LearnedState(guard=guard)).observe_step(step(8, False, 8, 0.01))
     assert guard.summary()[0]["plain"]["steps"] == 1
