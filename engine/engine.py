@@ -228,6 +228,8 @@ class LLMEngine:
             group = [p for p in plans if p.k > 0 and p.proposer == name]
             if not group:
                 continue
+            if name == "draft":
+                proposer.stop_confidence = self.policy.settings.draft_stop_confidence
             start = time.perf_counter()
             for plan, draft in zip(group, proposer.propose([p.request for p in group], [p.k for p in group])):
                 plan.draft = draft

@@ -43,6 +43,7 @@ class PolicySettings:
     max_batch_for_speculation: int | None = None  # above this many running requests: plain decode; None = no cap
     goodput_guard: bool = True  # veto speculation at batch sizes where it measurably ran slower than plain decode
     guard_probe_rate: float = 0.05  # chance per step that the guard tries the arm it currently rejects, [0, 1]
+    draft_stop_confidence: float = 0.0  # the draft model stops a round early after a token it gave less, [0, 1)
     ngram_min_match: int = 3  # auto mode considers the n-gram proposer from this match length on, >= 1
     draft_cost_per_token: float | None = None  # seconds per draft forward pass; overrides the fit, >= 0
     verify_cost_coefficients: tuple[float, float, float] | None = None  # (a, b, c) seconds; overrides the fit
@@ -65,6 +66,8 @@ class PolicySettings:
             _check(0.0 <= value <= 1.0, name, f"must be in [0, 1]; got {value}")
         if self.max_batch_for_speculation is not None:
             _check(self.max_batch_for_speculation >= 1, "max_batch_for_speculation", "must be >= 1 or null")
+        _check(0.0 <= self.draft_stop_confidence < 1.0, "draft_stop_confidence",
+               f"must be in [0, 1); got {self.draft_stop_confidence}")
         _check(self.ngram_min_match >= 1, "ngram_min_match", f"must be >= 1; got {self.ngram_min_match}")
         if self.draft_cost_per_token is not None:
             _check(self.draft_cost_per_token >= 0.0, "draft_cost_per_token", "must be >= 0 or null")
@@ -100,7 +103,7 @@ class PolicySettings:
 _INT_FIELDS = {"k", "k_max", "warmup_rounds", "ngram_min_match", "seed"}
 _FLOAT_FIELDS = {
     "ewma_weight", "prior_alpha_draft", "prior_alpha_ngram", "alpha_floor",
-    "exploration_rate", "exploration_max_loss", "hysteresis", "guard_probe_rate",
+    "exploration_rate", "exploration_max_loss", "hysteresis", "guard_probe_rate", "draft_stop_confidence",
 }  # fmt: skip
 _OPTIONAL_INT_FIELDS = {"max_batch_for_speculation"}
 _OPTIONAL_FLOAT_FIELDS = {"draft_cost_per_token"}

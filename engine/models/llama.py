@@ -190,6 +190,20 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def store_projections_column_major(model: nn.Module) -> None:
+    """Re-store every projection weight ``[out, in]`` with ``in`` as the slow axis (same shape and values).
+
+    On CPU, MKL's float32 GEMM with the few rows of decode and verification (1-32) runs up to 2-4x faster
+    when the weight operand needs no transposition; ``F.linear`` takes the strided weight as it is. Not for
+    the (often tied) lm_head, whose row-major layout the embedding lookup needs, nor for bf16 (oneDNN gains
+    nothing). Float results differ from the row-major product only in rounding.
+    """
+    lm_head = getattr(model, "lm_head", None)
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module is not lm_head:
+            module.weight = nn.Parameter(module.weight.detach().t().contiguous().t(), requires_grad=False)
+
+
 class LlamaModel(nn.Module):
     """Causal LM. ``forward`` returns logits only for ``logits_index`` rows of the flat token axis."""
 

@@ -6,6 +6,10 @@ committed tokens (``draft_len <= num_tokens - 1``). Before drafting, the propose
 whole prompt (lazy, batched prefill); after rounds where the request drafted nothing
 (k = 0) it is the tokens emitted meanwhile. Skipping that catch-up is what makes other
 engines' acceptance collapse when speculation is switched back on.
+
+A round may end before k tokens: after a token the draft itself gave less than ``stop_confidence``
+(a runtime policy setting), drafting more for that request would mostly buy rejected tokens. The
+stop depends on the draft's own outputs only, so verification stays exact.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class DraftModelProposer:
         self.runner = runner
         self.cache = runner.cache
         self.caught_up_long = False  # the last round also prefilled or caught up on many tokens
+        self.stop_confidence = 0.0  # end a request's round after a draft token of lower probability; 0 = never
 
     def add_request(self, request: Request) -> None:
         if request.request_id not in self.cache:
@@ -54,9 +59,9 @@ class DraftModelProposer:
         logits = self.runner.execute(chunks)
         active = list(range(len(requests)))
         for step in range(max(ks)):
-            for i, row in zip(active, logits):
-                self._take(requests[i], row, counts[i], tokens[i], qs[i])
-            active = [i for i in active if len(tokens[i]) < ks[i]]
+            confident = {i for i, row in zip(active, logits)
+                         if self._take(requests[i], row, counts[i], tokens[i], qs[i]) >= self.stop_confidence}
+            active = [i for i in active if len(tokens[i]) < ks[i] and i in confident]
             if not active:
                 break
             chunks = []
@@ -76,16 +81,23 @@ class DraftModelProposer:
         return counts
 
     def _take(self, request: Request, logits: torch.Tensor, counts: torch.Tensor | None,
-              tokens: list[int], qs: list[torch.Tensor]) -> None:
-        """Pick the next draft token with the same transforms the target's verification uses."""
+              tokens: list[int], qs: list[torch.Tensor]) -> float:
+        """Pick the next draft token with the same transforms the target's verification uses.
+
+        Returns the draft's probability of that token (1.0 for greedy drafts while nobody asks for it).
+        """
         params = request.params
         row_counts = counts[None] if counts is not None else None
         if params.greedy:
-            token = int(apply_penalties(logits, params, row_counts).argmax(dim=-1))
+            scores = apply_penalties(logits, params, row_counts)[0]
+            token = int(scores.argmax())
+            confidence = float(torch.softmax(scores, dim=-1)[token]) if self.stop_confidence > 0 else 1.0
         else:
             q = processed_probs(logits, params, row_counts)[0]
             token = sample(q, request.generator)
+            confidence = float(q[token])
             qs.append(q)
         tokens.append(token)
         if counts is not None:
             counts[token] += 1
+        return confidence

@@ -40,8 +40,8 @@ def run(engine: LLMEngine, prompts: list[list[int]], overrides: list[Speculation
     return [outputs[f"r{i}"] for i in range(len(prompts))]
 
 
-def set_mode(engine: LLMEngine, mode: str, k: int) -> None:
-    engine.policy.update({"mode": mode, "k": k})
+def set_mode(engine: LLMEngine, mode: str, k: int, stop_confidence: float = 0.0) -> None:
+    engine.policy.update({"mode": mode, "k": k, "draft_stop_confidence": stop_confidence})
     engine.policy.apply_pending()
 
 
@@ -80,3 +80,12 @@ def test_prompts_alone_equal_batched(engine, prompts, plain):
     set_mode(engine, "draft", 5)
     for i in (0, 7, 15):
         assert run(engine, [prompts[i]], [None]) == [plain[i]]
+
+
+def test_draft_rounds_stopped_by_confidence_equal_plain(engine, prompts, plain):
+    """Rounds the draft ends early (after a token it gave < 0.2) still verify to plain greedy's tokens."""
+    set_mode(engine, "draft", 8, stop_confidence=0.2)
+    drafts_before, tokens_before = engine.stats.total.rounds, engine.stats.num_draft_tokens
+    assert run(engine, prompts, [None] * len(prompts)) == plain
+    rounds, drafted = engine.stats.total.rounds - drafts_before, engine.stats.num_draft_tokens - tokens_before
+    assert drafted < 0.75 * 8 * rounds, "the confidence stop never shortened a round"

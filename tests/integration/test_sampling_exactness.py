@@ -30,8 +30,9 @@ def engine() -> LLMEngine:
                                   max_num_batched_tokens=4096, speculation="off"))
 
 
-def draw(engine: LLMEngine, mode: str, prompt: str, temperature: float, seed_base: int) -> tuple[list, int]:
-    engine.policy.update({"mode": mode, "k": 2})
+def draw(engine: LLMEngine, mode: str, prompt: str, temperature: float, seed_base: int,
+         stop_confidence: float = 0.0) -> tuple[list, int]:
+    engine.policy.update({"mode": mode, "k": 2, "draft_stop_confidence": stop_confidence})
     engine.policy.apply_pending()
     ids = engine.tokenizer.encode(prompt)
     params = [SamplingParams(max_tokens=4, temperature=temperature, top_p=0.9, seed=seed_base + i, ignore_eos=True)
@@ -69,3 +70,15 @@ def test_speculative_sampling_matches_plain(engine, temperature, mode):
     for position in (1, 2):  # tokens from the verification round (position 0 comes from prefill)
         pvalue = two_sample_pvalue(Counter(t[position] for t in plain), Counter(t[position] for t in spec))
         assert pvalue > 1e-3, f"{mode} at T={temperature}: token {position} differs from plain sampling"
+
+
+@pytest.mark.slow
+def test_draft_rounds_stopped_by_confidence_match_plain(engine):
+    """The draft ends a round after a token it gave < 0.5: round lengths then depend on the draft's samples,
+    which must not bias the output (the stop looks at the draft's own outputs only)."""
+    plain, _ = draw(engine, "off", PROMPTS["draft"], 1.0, seed_base=0)
+    spec, drafted = draw(engine, "draft", PROMPTS["draft"], 1.0, seed_base=200_000, stop_confidence=0.5)
+    assert drafted > DRAWS // 4, f"the draft barely speculated ({drafted} draft tokens)"
+    for position in (1, 2):
+        pvalue = two_sample_pvalue(Counter(t[position] for t in plain), Counter(t[position] for t in spec))
+        assert pvalue > 1e-3, f"token {position} differs from plain sampling"

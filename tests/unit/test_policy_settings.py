@@ -61,6 +61,8 @@ def test_verify_cost_coefficients_list_becomes_tuple_and_back() -> None:
         ({"max_batch_for_speculation": 0}, "max_batch_for_speculation"),
         ({"max_batch_for_speculation": 2.5}, "max_batch_for_speculation"),
         ({"ngram_min_match": 0}, "ngram_min_match"),
+        ({"draft_stop_confidence": 1.0}, "draft_stop_confidence"),
+        ({"draft_stop_confidence": -0.1}, "draft_stop_confidence"),
         ({"draft_cost_per_token": -1.0}, "draft_cost_per_token"),
         ({"draft_cost_per_token": float("inf")}, "draft_cost_per_token"),
         ({"verify_cost_coefficients": [1.0, 2.0]}, "verify_cost_coefficients"),
