@@ -1,6 +1,7 @@
 """Speculative decoding at batch 1 on the bundled pair: our plain decode, draft proposer at
-k = 1..8, n-gram proposer, and transformers' assisted generation (assistant_model= and
-prompt_lookup_num_tokens=) on the same checkpoints, for code and prose, greedy and T=0.7.
+k = 1..8 (and k = 8 with rounds ended after a draft token of probability < 0.2), n-gram proposer,
+and transformers' assisted generation (assistant_model= and prompt_lookup_num_tokens=) on the same
+checkpoints, for code and prose, greedy and T=0.7.
 
     .venv/bin/python -m bench.spec_decode [--new-tokens 128] [--prompts 4]
 """
@@ -35,8 +36,8 @@ def measure_cost_ratio(engine, prompt: list[int], reps: int = 30) -> float:
     return times["draft"] / times["target"]
 
 
-def ours(engine, prompts, temperature, new_tokens, mode, k=4) -> dict:
-    set_policy(engine, mode=mode, k=k, k_max=max(k, 8))
+def ours(engine, prompts, temperature, new_tokens, mode, k=4, stop_confidence=0.0) -> dict:
+    set_policy(engine, mode=mode, k=k, k_max=max(k, 8), draft_stop_confidence=stop_confidence)
     # no seed: a seeded sampling request drafts the fixed k under `auto` (so that its text reproduces)
     params = SamplingParams(max_tokens=new_tokens, temperature=temperature, ignore_eos=True)
     results = [run_engine(engine, [p], params) for p in prompts]
@@ -78,6 +79,7 @@ def main() -> None:
             runs = {"plain": ours(engine, prompts, temperature, args.new_tokens, "off")}
             for k in range(1, 9):
                 runs[f"draft k={k}"] = ours(engine, prompts, temperature, args.new_tokens, "draft", k)
+            runs["draft k=8 stop<0.2"] = ours(engine, prompts, temperature, args.new_tokens, "draft", 8, 0.2)
             runs["ngram k=4"] = ours(engine, prompts, temperature, args.new_tokens, "ngram", 4)
             runs["auto"] = ours(engine, prompts, temperature, args.new_tokens, "auto")
             runs["HF generate"] = hf(target, prompts, temperature, args.new_tokens)

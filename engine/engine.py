@@ -241,17 +241,13 @@ class LLMEngine:
         results: list[VerifyResult | None] = [None] * len(plans)
         greedy = [i for i, p in enumerate(plans) if p.request.params.greedy]
         if greedy:
-            width = max(len(plans[i].draft_tokens) for i in greedy)
-            target = torch.zeros(len(greedy), width + 1, dtype=torch.long)
-            drafts = torch.zeros(len(greedy), width, dtype=torch.long)
-            num_draft = torch.zeros(len(greedy), dtype=torch.long)
-            for row, i in enumerate(greedy):
-                r, toks = plans[i].request, plans[i].draft_tokens
-                counts = self._counts(r, toks)
-                target[row, : len(toks) + 1] = greedy_tokens(logits[i], r.params, counts).cpu()
-                drafts[row, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-                num_draft[row] = len(toks)
-            for i, result in zip(greedy, verify_greedy_batch(target, drafts, num_draft)):
+            drafts = [plans[i].draft_tokens for i in greedy]
+            targets = self._greedy_targets([plans[i] for i in greedy], [logits[i] for i in greedy])
+            width = max(map(len, drafts))
+            for i, result in zip(greedy, verify_greedy_batch(
+                    torch.tensor([t + [0] * (width + 1 - len(t)) for t in targets]),
+                    torch.tensor([d + [0] * (width - len(d)) for d in drafts], dtype=torch.long),
+                    torch.tensor([len(d) for d in drafts]))):
                 results[i] = result
         for i, plan in enumerate(plans):
             if results[i] is None:
@@ -260,6 +256,19 @@ class LLMEngine:
                 q = plan.draft.probs if plan.draft else None
                 results[i] = verify_sampled(p, torch.tensor(toks, dtype=torch.long, device=p.device), q, r.generator)
         return results  # type: ignore[return-value]
+
+    def _greedy_targets(self, plans: list[Planned], logits: list[torch.Tensor]) -> list[list[int]]:
+        """The target's argmax at every verified position of each plan; one argmax for the whole batch
+        unless a request has penalties (those depend on its own drafts)."""
+        if any(p.request.params.has_penalties for p in plans):
+            return [greedy_tokens(rows, p.request.params, self._counts(p.request, p.draft_tokens)).tolist()
+                    for p, rows in zip(plans, logits)]
+        flat = (torch.cat(logits) if len(logits) > 1 else logits[0]).argmax(dim=-1).tolist()
+        out, start = [], 0
+        for rows in logits:
+            out.append(flat[start: start + rows.shape[0]])
+            start += rows.shape[0]
+        return out
 
     def _counts(self, request: Request, drafts: list[int]) -> torch.Tensor | None:
         if not request.params.has_penalties:

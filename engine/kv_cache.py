@@ -124,6 +124,7 @@ class PagedKVCache:
         self.free_blocks = list(range(num_blocks - 1, -1, -1))
         self.tables: dict[str, list[int]] = {}
         self.len_of: dict[str, int] = {}
+        self._flat: dict[str, torch.Tensor] = {}  # flat cache index of every position the table covers
         self._total = num_blocks
         self._offsets = torch.arange(block_size)
 
@@ -138,6 +139,7 @@ class PagedKVCache:
             raise ValueError(f"request {request_id!r} already holds blocks")
         self.tables[request_id] = []
         self.len_of[request_id] = 0
+        self._flat[request_id] = torch.empty(0, dtype=torch.long)
 
     def can_reserve(self, request_id: str, new_len: int) -> bool:
         return self.blocks_for(new_len) - len(self.tables[request_id]) <= len(self.free_blocks)
@@ -147,8 +149,11 @@ class PagedKVCache:
         needed = self.blocks_for(new_len) - len(table)
         if needed > len(self.free_blocks):
             raise OutOfCapacityError(f"need {needed} KV blocks, {len(self.free_blocks)} free")
-        for _ in range(needed):
-            table.append(self.free_blocks.pop())
+        if needed > 0:
+            new = [self.free_blocks.pop() for _ in range(needed)]
+            table += new
+            positions = (torch.tensor(new)[:, None] * self.block_size + self._offsets[None, :]).flatten()
+            self._flat[request_id] = torch.cat([self._flat[request_id], positions])
         self.len_of[request_id] = max(self.len_of[request_id], new_len)
 
     def truncate_to(self, request_id: str, new_len: int) -> None:
@@ -156,17 +161,17 @@ class PagedKVCache:
         keep = self.blocks_for(new_len)
         while len(table) > keep:
             self.free_blocks.append(table.pop())
+        self._flat[request_id] = self._flat[request_id][: keep * self.block_size]
         self.len_of[request_id] = min(self.len_of[request_id], new_len)
 
     def free(self, request_id: str) -> None:
         table = self.tables.pop(request_id, None)
         if table is not None:
             self.free_blocks.extend(reversed(table))
-            del self.len_of[request_id]
+            del self.len_of[request_id], self._flat[request_id]
 
     def indices(self, request_id: str, length: int) -> torch.Tensor:
-        table = torch.tensor(self.tables[request_id][: self.blocks_for(length)], dtype=torch.long)
-        return (table[:, None] * self.block_size + self._offsets[None, :]).flatten()[:length]
+        return self._flat[request_id][:length]
 
     def length(self, request_id: str) -> int:
         return self.len_of[request_id]

@@ -36,20 +36,20 @@ class ModelRunner:
         The caller has reserved cache room for every chunk (``cache.reserve``).
         """
         tokens: list[int] = []
-        positions: list[torch.Tensor] = []
+        positions: list[int] = []
         contexts: list[torch.Tensor] = []
         logit_rows: list[int] = []
         for chunk in chunks:
             n, end = len(chunk.token_ids), chunk.start + len(chunk.token_ids)
             offset = len(tokens)
             tokens.extend(chunk.token_ids)
-            positions.append(torch.arange(chunk.start, end))
+            positions.extend(range(chunk.start, end))
             contexts.append(self.cache.indices(chunk.request_id, end))
             logit_rows.extend(range(offset + n - chunk.num_logits, offset + n))
         meta = build_attention_metadata(contexts, [len(c.token_ids) for c in chunks], self.device)
         logits = self.model(
             torch.tensor(tokens, device=self.device),
-            torch.cat(positions).to(self.device),
+            torch.tensor(positions, device=self.device),
             self.cache.layers,
             meta,
             torch.tensor(logit_rows, dtype=torch.long, device=self.device),

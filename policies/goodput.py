@@ -81,6 +81,42 @@ def plan_batch(
     hysteresis: float = 0.0,
 ) -> BatchPlan:
     """The goodput-maximising (k, proposer) of every request (exact for the cost model, see module doc)."""
+    if len(candidates) == 1:
+        return _plan_single(candidates[0], coeffs, num_prefill_tokens, hysteresis)
+    return _plan_general(candidates, coeffs, num_prefill_tokens, hysteresis)
+
+
+def _plan_single(candidate: Candidate, coeffs: CostCoefficients, num_prefill_tokens: int,
+                 hysteresis: float) -> BatchPlan:
+    """One request: score each of its (at most 2 k_max + 1) options directly, in plain Python.
+
+    Same optimum as the general solver (Dinkelbach converges to the best ratio), at a tenth of its cost,
+    which matters where the steps are shortest: batch 1.
+    """
+    base_tokens = 1 + num_prefill_tokens
+    previous = candidate.previous
+    options: list[tuple[ProposerName, int, float]] = [(DRAFT, 0, 1.0)]
+    for proposer, alpha, cap in ((DRAFT, candidate.alpha_draft, candidate.max_k_draft),
+                                 (NGRAM, candidate.alpha_ngram, candidate.max_k_ngram)):
+        alpha = min(max(alpha, 0.0), 1.0 - 1e-9)
+        options += [(proposer, k, expected_tokens(alpha, k)) for k in range(1, cap + 1)]
+
+    def seconds(proposer: ProposerName, k: int) -> float:
+        draft = DraftPlan(k, 1) if proposer == DRAFT and k > 0 else None
+        return coeffs.step_seconds(1, base_tokens + k, draft)
+
+    def objective(option: tuple[ProposerName, int, float]) -> float:
+        proposer, k, tokens = option
+        sticky = previous is not None and previous[1] == k and (k == 0 or previous[0] == proposer)
+        return tokens * (1.0 + hysteresis if sticky else 1.0) / seconds(proposer, k)
+
+    proposer, k, tokens = max(options, key=objective)
+    return BatchPlan((k,), (proposer,), tokens, seconds(proposer, k), 1, base_tokens + k,
+                     k if proposer == DRAFT else 0, 1 if proposer == DRAFT and k > 0 else 0)
+
+
+def _plan_general(candidates: Sequence[Candidate], coeffs: CostCoefficients, num_prefill_tokens: int,
+                  hysteresis: float) -> BatchPlan:
     n = len(candidates)
     k_top = max((max(c.max_k_draft, c.max_k_ngram) for c in candidates), default=0)
     base_tokens = n + num_prefill_tokens

@@ -65,16 +65,20 @@ def build_attention_metadata(
     batch = len(num_new)
     ctx_len = torch.tensor([idx.numel() for idx in context_indices])
     new_len = torch.tensor(num_new)
-    max_new = int(new_len.max())
+    max_new = max(num_new)
+    uniform = min(num_new) == max_new
     gather = torch.nn.utils.rnn.pad_sequence(context_indices, batch_first=True)
     # query i of request b sits at position ctx - n + i and sees keys 0..that position
     query_pos = (ctx_len - new_len)[:, None] + torch.arange(max_new)[None, :]
     mask = torch.arange(gather.shape[1])[None, None, :] <= query_pos[:, :, None]
-    is_pad_query = torch.arange(max_new)[None, :] >= new_len[:, None]
-    mask[is_pad_query] = False
-    mask[..., 0] |= is_pad_query  # padded query rows attend somewhere harmless (never read)
+    if uniform:  # no padded queries: the flat token axis already is the [batch, max_new] grid
+        scatter = torch.arange(batch * max_new)
+    else:
+        is_pad_query = torch.arange(max_new)[None, :] >= new_len[:, None]
+        mask[is_pad_query] = False
+        mask[..., 0] |= is_pad_query  # padded query rows attend somewhere harmless (never read)
+        scatter = (torch.arange(batch)[:, None] * max_new + torch.arange(max_new)[None, :])[~is_pad_query]
     writes = [idx[idx.numel() - n:] for idx, n in zip(context_indices, num_new)]
-    scatter = (torch.arange(batch)[:, None] * max_new + torch.arange(max_new)[None, :])[~is_pad_query]
     return AttentionMetadata(
         write_index=torch.cat(writes).to(device),
         gather_index=gather.to(device),
@@ -82,7 +86,7 @@ def build_attention_metadata(
         scatter_index=scatter.to(device),
         batch_size=batch,
         max_new=max_new,
-        uniform=bool((new_len == max_new).all()),
+        uniform=uniform,
     )
 
 

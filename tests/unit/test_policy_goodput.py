@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import Candidate, CostCoefficients, DraftPlan, expected_tokens, plan_batch
+from policies.goodput import _plan_general
 
 COEFFS = CostCoefficients(a=8e-3, b=5e-5, c=2.5e-4, d=1.5e-3, e=2e-5)
 
@@ -84,3 +85,19 @@ def test_hysteresis_keeps_a_slightly_worse_previous_choice() -> None:
     assert plan_batch([sticky], COEFFS, hysteresis=0.0).ks[0] == best
     far = Candidate(0.6, 8, 0.0, 0, previous=("draft", 8))  # far worse than hysteresis allows
     assert plan_batch([far], COEFFS, hysteresis=0.01).ks[0] == best
+
+
+previous = st.one_of(st.none(), st.tuples(st.sampled_from(["draft", "ngram"]), st.integers(0, 3)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(candidate, previous, coefficients, st.integers(0, 20), st.sampled_from([0.0, 0.03, 0.2]))
+def test_single_request_shortcut_agrees_with_the_general_solver(
+    c: Candidate, prev, coeffs: CostCoefficients, prefill: int, hysteresis: float
+) -> None:
+    c = Candidate(c.alpha_draft, c.max_k_draft, c.alpha_ngram, c.max_k_ngram, previous=prev)
+    fast, general = plan_batch([c], coeffs, prefill, hysteresis), _plan_general([c], coeffs, prefill, hysteresis)
+    assert fast.goodput == pytest.approx(general.goodput, rel=1e-9)
+    if (fast.ks, fast.proposers) == (general.ks, general.proposers) and fast.ks[0]:  # ties may break either way
+        assert (fast.num_tokens, fast.draft_passes, fast.num_draft_requests) == (
+            general.num_tokens, general.draft_passes, general.num_draft_requests)
