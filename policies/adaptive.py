@@ -15,7 +15,7 @@ Three corrections on top of the pure optimum:
   heavy load, where each would add whole draft passes to a large batch);
 - the goodput guard (policies/guard.py): where speculative steps (at this batch size and temperature)
   have not measurably emitted more tokens per second than plain steps, the step decodes plainly
-  whatever the model predicts.
+  whatever the model predicts. It is asked before planning, so such steps cost no planning time.
 """
 
 from __future__ import annotations
@@ -47,15 +47,15 @@ class AdaptivePolicy(LearningPolicy):
             for view in requests:
                 self._previous[view.request_id] = ("draft", 0)
             return [PLAIN] * len(requests)
+        self.batch_temperature = sum(view.temperature for view in requests) / len(requests)
+        if self._vetoed(len(requests)):  # asked first: where speculation measurably loses, planning is waste
+            self.last_plan = None
+            return [PLAIN] * len(requests)
         candidates = [self._candidate(view) for view in requests]
         coeffs = self.cost_model.coefficients()
         plan = plan_batch(candidates, coeffs, batch.num_prefill_tokens, self.settings.hysteresis)
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
-        self.batch_temperature = sum(view.temperature for view in requests) / len(requests)
-        if any(plan.ks) and self._vetoed(len(requests)):
-            self.last_plan = None
-            return [PLAIN] * len(requests)
         plan = self.last_plan = self._explore(plan, candidates, coeffs)
         return [Decision(k, proposer) if k > 0 else PLAIN for k, proposer in zip(plan.ks, plan.proposers, strict=True)]
 
