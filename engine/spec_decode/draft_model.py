@@ -59,9 +59,11 @@ class DraftModelProposer:
         logits = self.runner.execute(chunks)
         active = list(range(len(requests)))
         for step in range(max(ks)):
-            confident = {i for i, row in zip(active, logits)
-                         if self._take(requests[i], row, counts[i], tokens[i], qs[i]) >= self.stop_confidence}
-            active = [i for i in active if len(tokens[i]) < ks[i] and i in confident]
+            stopped = set()
+            for i, row in zip(active, logits):
+                if self._take(requests[i], row, counts[i], tokens[i], qs[i]) < self.stop_confidence:
+                    stopped.add(i)
+            active = [i for i in active if len(tokens[i]) < ks[i] and i not in stopped]
             if not active:
                 break
             chunks = []
