@@ -263,7 +263,7 @@ class LLMEngine:
         if any(p.request.params.has_penalties for p in plans):
             return [greedy_tokens(rows, p.request.params, self._counts(p.request, p.draft_tokens)).tolist()
                     for p, rows in zip(plans, logits)]
-        flat = (torch.cat(logits) if len(logits) > 1 else logits[0]).argmax(dim=-1).tolist()
+        flat = torch.cat(logits).argmax(dim=-1).tolist()
         out, start = [], 0
         for rows in logits:
             out.append(flat[start: start + rows.shape[0]])

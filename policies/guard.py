@@ -85,7 +85,7 @@ class GoodputGuard:
         arm.add(timing.num_generated, timing.step_seconds)
 
     def allow_speculation(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float) -> bool:
-        """Whether a step that the plan would speculate in may do so (``temperature``: the batch's mean)."""
+        """Whether this step may speculate; asked before planning (``temperature``: the batch's mean)."""
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         plain, spec = self._plain.get(key[0]), self._speculative.get(key)
         if spec is None or spec.samples < MIN_SAMPLES:

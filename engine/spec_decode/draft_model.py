@@ -86,7 +86,7 @@ class DraftModelProposer:
               tokens: list[int], qs: list[torch.Tensor]) -> float:
         """Pick the next draft token with the same transforms the target's verification uses.
 
-        Returns the draft's probability of that token (1.0 for greedy drafts while nobody asks for it).
+        Returns the draft's probability of that token, or 1.0 while no stop is set (reading it costs a device sync).
         """
         params = request.params
         row_counts = counts[None] if counts is not None else None
@@ -97,7 +97,7 @@ class DraftModelProposer:
         else:
             q = processed_probs(logits, params, row_counts)[0]
             token = sample(q, request.generator)
-            confidence = float(q[token])
+            confidence = float(q[token]) if self.stop_confidence > 0 else 1.0
             qs.append(q)
         tokens.append(token)
         if counts is not None:
