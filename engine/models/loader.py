@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from engine.errors import ModelLoadError
-from engine.models.llama import LlamaArgs, LlamaModel, rope_inv_freq, store_projections_column_major
+from engine.models.llama import LlamaArgs, LlamaModel, pack_linears_for_cpu, rope_inv_freq
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TARGET = REPO_ROOT / "assets" / "models" / "target"
@@ -139,7 +139,7 @@ def load_model(name_or_path: str | Path, dtype: torch.dtype, device: torch.devic
     if args.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model = model.to(dtype).eval()
-    if torch.device(device).type == "cpu" and dtype == torch.float32:
-        store_projections_column_major(model)
+    if torch.device(device).type == "cpu":
+        pack_linears_for_cpu(model)
     model.inv_freq = rope_inv_freq(args).to(device)  # float32 always; was a meta buffer
     return model, path

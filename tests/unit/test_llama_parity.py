@@ -71,3 +71,26 @@ def test_ragged_batch_equals_requests_alone(random_llama_dir):
     assert torch.allclose(a, alone["a"], atol=1e-5)
     assert torch.allclose(b, alone["b"][-1:], atol=1e-5)
     assert torch.allclose(c, alone["c"][-4:], atol=1e-5)
+
+
+def test_cpu_models_run_prepacked_linears_that_match_f_linear(random_llama_dir):
+    from engine.models.llama import PackedLinear
+
+    runner = make_runner(random_llama_dir, "paged")
+    packed = [m for m in runner.model.modules() if isinstance(m, PackedLinear)]
+    assert packed and not any(isinstance(m, torch.nn.Linear) for m in runner.model.modules())
+    linear = torch.nn.Linear(64, 96)
+    x = torch.randn(5, 64)
+    assert torch.allclose(PackedLinear(linear)(x), linear(x), atol=1e-5)
+
+
+def test_prepacking_falls_back_to_plain_linears_when_onednn_cannot(monkeypatch):
+    from engine.models import llama
+
+    def unavailable(*_args):
+        raise RuntimeError("no oneDNN in this build")
+
+    monkeypatch.setattr(llama.PackedLinear, "__init__", lambda self, linear: unavailable())
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    assert llama.pack_linears_for_cpu(model) is False
+    assert isinstance(model[0], torch.nn.Linear)
