@@ -3,12 +3,13 @@
 The forward pass takes a *ragged* batch flattened to one token axis: every request
 contributes its own number of new tokens (1 for decode, k+1 for verification, a chunk
 for prefill) at its own positions. Attention reads each request's whole context from the
-KV cache through a gather index built once per step (`AttentionMetadata`), so the model
+KV cache through gather indices built once per step (`AttentionMetadata`), so the model
 does not know whether the cache is slotted or paged.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -36,16 +37,16 @@ class LlamaArgs:
 
 
 @dataclass
-class AttentionMetadata:
-    """Where each fed token writes its K/V and which cache entries each request reads.
+class AttentionGroup:
+    """Requests whose queries share one attention call, padded to the group's longest new-token run.
 
-    write_index: [num_tokens]            flat cache index of every new token
+    token_index: [group_tokens]          rows of the flat token axis the group's queries sit at (None: all)
     gather_index: [batch, max_ctx]       flat cache index of each request's context (padded)
     mask: [batch, 1, max_new, max_ctx]   True where query i of request b may attend to key j
-    scatter_index: [num_tokens]          position of every flat token in the [batch * max_new] padded grid
+    scatter_index: [group_tokens]        position of every group token in the [batch * max_new] padded grid
     """
 
-    write_index: torch.Tensor
+    token_index: torch.Tensor | None
     gather_index: torch.Tensor
     mask: torch.Tensor
     scatter_index: torch.Tensor
@@ -58,10 +59,40 @@ class AttentionMetadata:
         return self.gather_index.view(-1)
 
 
+@dataclass
+class AttentionMetadata:
+    """Where each fed token writes its K/V (``write_index``: [num_tokens]) and how queries are grouped.
+
+    Decoding requests (one new token) and the rest (verification, prefill) attend in separate groups:
+    padding a batch of decodes to one speculating request's k + 1 query rows multiplied the whole
+    batch's attention work (CPU, 16 requests: 142 us -> 396 us per layer for k = 2).
+    """
+
+    write_index: torch.Tensor
+    groups: list[AttentionGroup]
+
+
 def build_attention_metadata(
     context_indices: list[torch.Tensor], num_new: list[int], device: torch.device
 ) -> AttentionMetadata:
     """context_indices[b]: flat cache indices of request b's whole context (old + new tokens)."""
+    writes = [idx[idx.numel() - n:] for idx, n in zip(context_indices, num_new)]
+    decodes = [b for b, n in enumerate(num_new) if n == 1]
+    if len(decodes) in (0, len(num_new)):
+        groups = [_attention_group(context_indices, num_new, None, device)]
+    else:
+        starts = [0, *itertools.accumulate(num_new)]
+        groups = []
+        for members in (decodes, [b for b, n in enumerate(num_new) if n > 1]):
+            rows = torch.cat([torch.arange(starts[b], starts[b + 1]) for b in members])
+            groups.append(_attention_group([context_indices[b] for b in members], [num_new[b] for b in members],
+                                           rows.to(device), device))
+    return AttentionMetadata(write_index=torch.cat(writes).to(device), groups=groups)
+
+
+def _attention_group(
+    context_indices: list[torch.Tensor], num_new: list[int], token_index: torch.Tensor | None, device: torch.device
+) -> AttentionGroup:
     batch = len(num_new)
     ctx_len = torch.tensor([idx.numel() for idx in context_indices])
     new_len = torch.tensor(num_new)
@@ -71,16 +102,15 @@ def build_attention_metadata(
     # query i of request b sits at position ctx - n + i and sees keys 0..that position
     query_pos = (ctx_len - new_len)[:, None] + torch.arange(max_new)[None, :]
     mask = torch.arange(gather.shape[1])[None, None, :] <= query_pos[:, :, None]
-    if uniform:  # no padded queries: the flat token axis already is the [batch, max_new] grid
+    if uniform:  # no padded queries: the group's token rows already are the [batch, max_new] grid
         scatter = torch.arange(batch * max_new)
     else:
         is_pad_query = torch.arange(max_new)[None, :] >= new_len[:, None]
         mask[is_pad_query] = False
         mask[..., 0] |= is_pad_query  # padded query rows attend somewhere harmless (never read)
         scatter = (torch.arange(batch)[:, None] * max_new + torch.arange(max_new)[None, :])[~is_pad_query]
-    writes = [idx[idx.numel() - n:] for idx, n in zip(context_indices, num_new)]
-    return AttentionMetadata(
-        write_index=torch.cat(writes).to(device),
+    return AttentionGroup(
+        token_index=token_index,
         gather_index=gather.to(device),
         mask=mask.unsqueeze(1).to(device),
         scatter_index=scatter.to(device),
@@ -153,20 +183,30 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size:].view(-1, self.num_kv_heads, self.head_dim)
         k_cache.index_copy_(0, meta.write_index, k.to(k_cache.dtype))
         v_cache.index_copy_(0, meta.write_index, v.to(v_cache.dtype))
+        if len(meta.groups) == 1:
+            return self.o_proj(self._attend(q, k_cache, v_cache, meta.groups[0]))
+        out = q.new_empty(q.shape[0], self.q_size)
+        for group in meta.groups:
+            out.index_copy_(0, group.token_index, self._attend(q.index_select(0, group.token_index),
+                                                               k_cache, v_cache, group))
+        return self.o_proj(out)
+
+    def _attend(self, q, k_cache, v_cache, group: AttentionGroup) -> torch.Tensor:
+        """The group's queries ``[tokens, heads, head_dim]`` over their contexts -> ``[tokens, q_size]``."""
         # gather each request's context: [batch, kv_heads, max_ctx, head_dim] (index_select: far faster than x[idx])
-        shape = (meta.batch_size, -1, self.num_kv_heads, self.head_dim)
-        keys = k_cache.index_select(0, meta.gather_flat).view(shape).transpose(1, 2).to(q.dtype)
-        values = v_cache.index_select(0, meta.gather_flat).view(shape).transpose(1, 2).to(q.dtype)
-        if meta.uniform:  # every request feeds max_new tokens: the flat axis already is the padded grid
-            queries = q.reshape(meta.batch_size, meta.max_new, self.num_heads, self.head_dim).transpose(1, 2)
+        shape = (group.batch_size, -1, self.num_kv_heads, self.head_dim)
+        keys = k_cache.index_select(0, group.gather_flat).view(shape).transpose(1, 2).to(q.dtype)
+        values = v_cache.index_select(0, group.gather_flat).view(shape).transpose(1, 2).to(q.dtype)
+        if group.uniform:  # every request feeds max_new tokens: the token axis already is the padded grid
+            queries = q.reshape(group.batch_size, group.max_new, self.num_heads, self.head_dim).transpose(1, 2)
         else:
-            padded = q.new_zeros(meta.batch_size * meta.max_new, self.num_heads, self.head_dim)
-            padded[meta.scatter_index] = q
-            queries = padded.view(meta.batch_size, meta.max_new, self.num_heads, self.head_dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.mask,
+            padded = q.new_zeros(group.batch_size * group.max_new, self.num_heads, self.head_dim)
+            padded[group.scatter_index] = q
+            queries = padded.view(group.batch_size, group.max_new, self.num_heads, self.head_dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask,
                                              enable_gqa=self.num_kv_heads != self.num_heads)
-        out = out.transpose(1, 2).reshape(meta.batch_size * meta.max_new, self.q_size)
-        return self.o_proj(out if meta.uniform else out[meta.scatter_index])
+        out = out.transpose(1, 2).reshape(group.batch_size * group.max_new, self.q_size)
+        return out if group.uniform else out[group.scatter_index]
 
 
 class MLP(nn.Module):

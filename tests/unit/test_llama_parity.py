@@ -94,3 +94,17 @@ def test_prepacking_falls_back_to_plain_linears_when_onednn_cannot(monkeypatch):
     model = torch.nn.Sequential(torch.nn.Linear(8, 8))
     assert llama.pack_linears_for_cpu(model) is False
     assert isinstance(model[0], torch.nn.Linear)
+
+
+def test_decodes_attend_apart_from_multi_token_requests():
+    """Padding every decode to a verification's k + 1 query rows multiplied the batch's attention work."""
+    from engine.models.llama import build_attention_metadata
+
+    contexts = [torch.arange(10), torch.arange(20, 27), torch.arange(40, 52)]
+    meta = build_attention_metadata(contexts, [1, 3, 1], CPU)
+    decodes, others = meta.groups
+    assert (decodes.batch_size, decodes.max_new, decodes.token_index.tolist()) == (2, 1, [0, 4])
+    assert (others.batch_size, others.max_new, others.token_index.tolist()) == (1, 3, [1, 2, 3])
+    assert meta.write_index.tolist() == [9, 24, 25, 26, 51]
+    (only,) = build_attention_metadata(contexts, [2, 3, 4], CPU).groups
+    assert only.token_index is None and only.max_new == 4 and not only.uniform
