@@ -18,7 +18,9 @@ was. So that a probe of rejected speculation is not judged by its catch-up step 
 
 Both arms must stay measured for the comparison to stay true, so a fraction ``probe_rate`` of the
 decisions takes the other arm; a bucket where plain decode was never measured takes plain steps at
-a higher rate until it has ``MIN_SAMPLES`` of them.
+a higher rate until it has ``MIN_SAMPLES`` of them. A bucket where speculation was never measured
+starts from the verdict of the nearest smaller batch size: if speculation lost there, it is rejected
+(and probed) here too, since extra tokens only get dearer as the batch grows.
 """
 
 from __future__ import annotations
@@ -87,18 +89,41 @@ class GoodputGuard:
     def allow_speculation(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float) -> bool:
         """Whether this step may speculate; asked before planning (``temperature``: the batch's mean)."""
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
-        plain, spec = self._plain.get(key[0]), self._speculative.get(key)
-        if spec is None or spec.samples < MIN_SAMPLES:
+        verdict = self._verdict(*key)
+        if verdict is None and not self._smaller_batches_reject(*key):
             return True  # let the plan show what speculation does here
-        if plain is None or plain.samples < MIN_SAMPLES:
+        if verdict == "measure plain":
             return rng.random() >= MEASURE_PLAIN_RATE
-        if spec.rate >= plain.rate * (1.0 + REQUIRED_GAIN):
+        if verdict == "speculate":
             return rng.random() >= probe_rate  # probe plain decode: single steps, no switching cost
+        # speculation lost here, or has not been tried here and lost at smaller batches: probe it in bursts
         left = self._burst_left.get(key, 0)
         if left == 0 and rng.random() < probe_rate / PROBE_BURST:
             left = PROBE_BURST
         self._burst_left[key] = max(0, left - 1)
         return left > 0
+
+    def _verdict(self, bucket: int, temperature_key: int) -> str | None:
+        """speculate | decode plainly | measure plain; None while speculation here is unmeasured."""
+        plain, spec = self._plain.get(bucket), self._speculative.get((bucket, temperature_key))
+        if spec is None or spec.samples < MIN_SAMPLES:
+            return None
+        if plain is None or plain.samples < MIN_SAMPLES:
+            return "measure plain"
+        return "speculate" if spec.rate >= plain.rate * (1.0 + REQUIRED_GAIN) else "decode plainly"
+
+    def _smaller_batches_reject(self, bucket: int, temperature_key: int) -> bool:
+        """Whether the nearest smaller batch-size bucket with a verdict at this temperature rejects speculation.
+
+        An extra token costs more the larger the batch, so a bucket that speculation has not been tried
+        in starts from that verdict, probing in bursts, instead of speculating at a loss until it has
+        its own samples of both arms (48 steps of a new batch size could pass that way).
+        """
+        for smaller in range(bucket - 1, -1, -1):
+            verdict = self._verdict(smaller, temperature_key)
+            if verdict in ("speculate", "decode plainly"):
+                return verdict == "decode plainly"
+        return False
 
     def summary(self) -> list[dict[str, Any]]:
         """Per batch-size bucket: the sizes it covers, plain tokens/s, speculative tokens/s by temperature."""

@@ -128,3 +128,20 @@ def test_fixed_policies_do_not_feed_the_guard_but_plain_decode_does() -> None:
     assert guard.summary() == []
     OffPolicy(learned=LearnedState(guard=guard)).observe_step(step(8, False, 8, 0.01))
     assert guard.summary()[0]["plain"]["steps"] == 1
+
+
+def test_an_untried_batch_size_starts_from_the_verdict_of_smaller_batches() -> None:
+    """Extra tokens only get dearer as the batch grows: where speculation lost at 16, 32 starts rejected."""
+    guard = GoodputGuard()
+    for _ in range(5):
+        guard.observe(step(16, False, 16, 0.010))  # plain: 1600 tokens/s
+        guard.observe(step(16, True, 12, 0.015))  # speculative: 800 tokens/s
+        guard.observe(step(2, False, 2, 0.004))  # plain: 500 tokens/s
+        guard.observe(step(2, True, 6, 0.006))  # speculative: 1000 tokens/s
+    assert allowed_fraction(guard, 32, 0.05) == pytest.approx(0.05, abs=0.02)  # bursts of probes only
+    assert allowed_fraction(guard, 32, 0.05, temperature=1.0) == 1.0  # nothing known at T=1 anywhere
+    assert allowed_fraction(guard, 4, 0.05) == 1.0  # the nearest smaller verdict (batch 2) speculates
+    for _ in range(5):
+        guard.observe(step(32, True, 96, 0.02))  # speculation measured at 32 itself, and it pays
+        guard.observe(step(32, False, 32, 0.02))
+    assert allowed_fraction(guard, 32, 0.05) == pytest.approx(0.95, abs=0.02)
