@@ -37,7 +37,7 @@ MIN_SAMPLES = 3  # steps of an arm in a bucket before its rate counts
 MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate is still unknown
 EWMA_WEIGHT = 0.05  # weight of the newest step's tokens and seconds: about the last 20 steps count
 REQUIRED_GAIN = 0.05  # speculation must beat plain decode by this much: near break-even, plain cannot lose
-PROBE_BURST = 4  # a probe of rejected speculation lasts this many steps (the first pays the draft's catch-up)
+PROBE_BURST = 12  # a probe of rejected speculation lasts this many steps (the first pays the draft's catch-up)
 
 
 def batch_bucket(batch_size: int) -> int:
