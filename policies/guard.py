@@ -19,8 +19,9 @@ was. So that a probe of rejected speculation is not judged by its catch-up step 
 Both arms must stay measured for the comparison to stay true, so a fraction ``probe_rate`` of the
 decisions takes the other arm; a bucket where plain decode was never measured takes plain steps at
 a higher rate until it has ``MIN_SAMPLES`` of them. A bucket where speculation was never measured
-starts from the verdict of the nearest smaller batch size: if speculation lost there, it is rejected
-(and probed) here too, since extra tokens only get dearer as the batch grows.
+starts from the verdicts of the nearest smaller batch size and of the nearest lower temperature: if
+speculation lost there, it is rejected (and probed) here too, since extra tokens only get dearer as
+the batch grows and acceptance only falls as T rises.
 """
 
 from __future__ import annotations
@@ -90,13 +91,13 @@ class GoodputGuard:
         """Whether this step may speculate; asked before planning (``temperature``: the batch's mean)."""
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         verdict = self._verdict(*key)
-        if verdict is None and not self._smaller_batches_reject(*key):
+        if verdict is None and not self._easier_settings_reject(*key):
             return True  # let the plan show what speculation does here
         if verdict == "measure plain":
             return rng.random() >= MEASURE_PLAIN_RATE
         if verdict == "speculate":
             return rng.random() >= probe_rate  # probe plain decode: single steps, no switching cost
-        # speculation lost here, or has not been tried here and lost at smaller batches: probe it in bursts
+        # speculation lost here, or is untried here and lost at a smaller batch or lower T: probe it in bursts
         left = self._burst_left.get(key, 0)
         if left == 0 and rng.random() < probe_rate / PROBE_BURST:
             left = PROBE_BURST
@@ -112,17 +113,21 @@ class GoodputGuard:
             return "measure plain"
         return "speculate" if spec.rate >= plain.rate * (1.0 + REQUIRED_GAIN) else "decode plainly"
 
-    def _smaller_batches_reject(self, bucket: int, temperature_key: int) -> bool:
-        """Whether the nearest smaller batch-size bucket with a verdict at this temperature rejects speculation.
+    def _easier_settings_reject(self, bucket: int, temperature_key: int) -> bool:
+        """Whether speculation lost at the nearest smaller batch size (same temperature) or at the nearest
+        lower temperature (same batch size) that has a verdict.
 
-        An extra token costs more the larger the batch, so a bucket that speculation has not been tried
-        in starts from that verdict, probing in bursts, instead of speculating at a loss until it has
-        its own samples of both arms (48 steps of a new batch size could pass that way).
+        An extra token only gets dearer as the batch grows, and acceptance only falls as T rises, so a
+        (batch size, temperature) where speculation has not been tried starts from those verdicts,
+        probing in bursts, instead of speculating at a loss until it has its own samples of both arms.
         """
-        for smaller in range(bucket - 1, -1, -1):
-            verdict = self._verdict(smaller, temperature_key)
-            if verdict in ("speculate", "decode plainly"):
-                return verdict == "decode plainly"
+        neighbours = ([(smaller, temperature_key) for smaller in range(bucket - 1, -1, -1)],
+                      [(bucket, cooler) for cooler in range(temperature_key - 1, -1, -1)])
+        for line in neighbours:
+            verdict = next((v for v in (self._verdict(*key) for key in line) if v in ("speculate", "decode plainly")),
+                           None)
+            if verdict == "decode plainly":
+                return True
         return False
 
     def summary(self) -> list[dict[str, Any]]:

@@ -251,7 +251,24 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)  # opaque: not a parameter
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        rows = x.shape[0]
+        padded = padded_rows(rows)
+        if padded != rows:
+            x = F.pad(x, (0, 0, 0, padded - rows))
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")[:rows]
+
+
+def padded_rows(rows: int) -> int:
+    """The row count oneDNN sees for ``rows`` input rows: exact up to 16, then rounded up (4, 32, 256).
+
+    oneDNN builds a kernel per (rows, in, out) on first use (~0.4 ms) and keeps 1024 of them. A
+    speculating batch feeds sum(k_i + 1) rows and every prefill chunk its own length, so exact row
+    counts kept building kernels and evicting each other; these ~50 sizes per weight shape fit.
+    """
+    for limit, step in ((16, 1), (64, 4), (512, 32)):
+        if rows <= limit:
+            return -(-rows // step) * step
+    return -(-rows // 256) * 256
 
 
 def pack_linears_for_cpu(model: nn.Module) -> bool:

@@ -108,3 +108,15 @@ def test_decodes_attend_apart_from_multi_token_requests():
     assert meta.write_index.tolist() == [9, 24, 25, 26, 51]
     (only,) = build_attention_metadata(contexts, [2, 3, 4], CPU).groups
     assert only.token_index is None and only.max_new == 4 and not only.uniform
+
+
+def test_packed_linears_pad_rows_to_a_bounded_set_of_sizes():
+    """oneDNN builds a kernel per row count and keeps 1024: the sizes it sees must stay few."""
+    from engine.models.llama import PackedLinear, padded_rows
+
+    assert [padded_rows(n) for n in (1, 16, 17, 64, 65, 512, 513)] == [1, 16, 20, 64, 96, 512, 768]
+    assert len({padded_rows(n) for n in range(1, 4097)}) <= 64
+    linear = torch.nn.Linear(32, 48)
+    x = torch.randn(19, 32)
+    out = PackedLinear(linear)(x)
+    assert out.shape == (19, 48) and torch.allclose(out, linear(x), atol=1e-5)

@@ -145,3 +145,15 @@ def test_an_untried_batch_size_starts_from_the_verdict_of_smaller_batches() -> N
         guard.observe(step(32, True, 96, 0.02))  # speculation measured at 32 itself, and it pays
         guard.observe(step(32, False, 32, 0.02))
     assert allowed_fraction(guard, 32, 0.05) == pytest.approx(0.95, abs=0.02)
+
+
+def test_an_untried_temperature_starts_from_the_verdict_at_lower_temperatures() -> None:
+    """Acceptance only falls as T rises: where greedy speculation lost at 16, T = 0.7 starts rejected."""
+    guard = GoodputGuard()
+    for _ in range(5):
+        guard.observe(step(16, False, 16, 0.010))
+        guard.observe(step(16, True, 12, 0.015), temperature=0.0)  # loses
+        guard.observe(step(1, False, 1, 0.004))
+        guard.observe(step(1, True, 3, 0.006), temperature=0.7)  # wins
+    assert allowed_fraction(guard, 16, 0.05, temperature=0.7) == pytest.approx(0.05, abs=0.02)
+    assert allowed_fraction(guard, 1, 0.05, temperature=1.0) == 1.0  # nothing lost at batch 1
