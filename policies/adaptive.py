@@ -43,12 +43,15 @@ class AdaptivePolicy(LearningPolicy):
         requests = batch.requests
         if not requests:
             return []
-        if self.over_load_limit(len(requests)):
+        if self.over_load_limit(batch.load):
             for view in requests:
                 self._previous[view.request_id] = ("draft", 0)
             return [PLAIN] * len(requests)
         self.batch_temperature = sum(view.temperature for view in requests) / len(requests)
-        if self._vetoed(len(requests)):  # asked first: where speculation measurably loses, planning is waste
+        # asked first: where speculation measurably loses, planning is waste. The guard judges by load, not by
+        # this step's decodes: while a batch ramps up, prefill steps (which it never measures) would
+        # otherwise speculate with the verdict of a batch size the steady batch does not have.
+        if self._vetoed(batch.load, measured=batch.num_prefilling == 0):
             self.last_plan = None
             return [PLAIN] * len(requests)
         candidates = [self._candidate(view) for view in requests]
@@ -68,11 +71,11 @@ class AdaptivePolicy(LearningPolicy):
         super().forget(request_id)
         self._previous.pop(request_id, None)
 
-    def _vetoed(self, batch_size: int) -> bool:
+    def _vetoed(self, batch_size: int, measured: bool) -> bool:
         """The goodput guard's measured verdict overrides the model's plan (see policies/guard.py)."""
         settings = self.settings
         return settings.goodput_guard and not self.guard.allow_speculation(
-            batch_size, self.batch_temperature, self._rng, settings.guard_probe_rate)
+            batch_size, self.batch_temperature, self._rng, settings.guard_probe_rate, measured)
 
     def _candidate(self, view: RequestView) -> Candidate:
         """The request's options: which proposers it may use this step, their alphas, and the k cap."""

@@ -32,6 +32,12 @@ class BatchView:
     requests: tuple[RequestView, ...]
     num_waiting: int = 0
     num_prefill_tokens: int = 0  # tokens of prefill chunks sharing this step
+    num_prefilling: int = 0  # requests whose prompt chunks share this step: they decode from the next step on
+
+    @property
+    def load(self) -> int:
+        """Running requests: the decodes of this step and those still prefilling (the batch they join)."""
+        return len(self.requests) + self.num_prefilling
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ class FixedPolicy(LearningPolicy):
         self.cost_model.observe(timing)
 
     def decide(self, batch: BatchView) -> list[Decision]:
-        if self.over_load_limit(len(batch.requests)):
+        if self.over_load_limit(batch.load):
             return [PLAIN] * len(batch.requests)
         return [self._decide_one(view) for view in batch.requests]
 

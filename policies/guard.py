@@ -17,8 +17,11 @@ was. So that a probe of rejected speculation is not judged by its catch-up step 
 ``PROBE_BURST`` steps, as sustained speculation would.
 
 Both arms must stay measured for the comparison to stay true, so a fraction ``probe_rate`` of the
-decisions takes the other arm; a bucket where plain decode was never measured takes plain steps at
-a higher rate until it has ``MIN_SAMPLES`` of them. A bucket where speculation was never measured
+decisions takes the other arm (rejected speculation less often the more clearly it lost: a probe of
+it at a large batch first makes the draft model prefill every request, and never in steps shared
+with prefill chunks, which the guard does not measure); a bucket where plain decode was never
+measured takes plain steps at a higher rate until it has ``MIN_SAMPLES`` of them. A bucket where
+speculation was never measured
 starts from the verdicts of the nearest smaller batch size and of the nearest lower temperature: if
 speculation lost there, it is rejected (and probed) here too, since extra tokens only get dearer as
 the batch grows and acceptance only falls as T rises.
@@ -87,17 +90,28 @@ class GoodputGuard:
             arm = self._plain.setdefault(bucket, _Arm())
         arm.add(timing.num_generated, timing.step_seconds)
 
-    def allow_speculation(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float) -> bool:
-        """Whether this step may speculate; asked before planning (``temperature``: the batch's mean)."""
+    def allow_speculation(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float,
+                          measured: bool = True) -> bool:
+        """Whether this step may speculate; asked before planning (``temperature``: the batch's mean).
+
+        ``measured=False`` for a step the guard will not see (it shares the pass with prefill chunks): it
+        follows the verdict but never probes, since a probe there would teach nothing and would make the
+        draft model prefill the whole batch on top of the target's prefill.
+        """
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         verdict = self._verdict(*key)
         if verdict is None and not self._easier_settings_reject(*key):
             return True  # let the plan show what speculation does here
+        if not measured:
+            return verdict in ("speculate", "measure plain")
         if verdict == "measure plain":
             return rng.random() >= MEASURE_PLAIN_RATE
         if verdict == "speculate":
             return rng.random() >= probe_rate  # probe plain decode: single steps, no switching cost
-        # speculation lost here, or is untried here and lost at a smaller batch or lower T: probe it in bursts
+        # speculation lost here, or is untried here and lost at a smaller batch or lower T: probe it in bursts,
+        # the rarer the clearer it lost (a burst at a large batch costs the draft's prefill of every request)
+        if verdict == "decode plainly":
+            probe_rate *= self._closeness(*key)
         left = self._burst_left.get(key, 0)
         if left == 0 and rng.random() < probe_rate / PROBE_BURST:
             left = PROBE_BURST
@@ -112,6 +126,12 @@ class GoodputGuard:
         if plain is None or plain.samples < MIN_SAMPLES:
             return "measure plain"
         return "speculate" if spec.rate >= plain.rate * (1.0 + REQUIRED_GAIN) else "decode plainly"
+
+    def _closeness(self, bucket: int, temperature_key: int) -> float:
+        """1 while speculation lost by at most twice ``REQUIRED_GAIN``, falling as 1 / loss beyond."""
+        plain, spec = self._plain[bucket], self._speculative[(bucket, temperature_key)]
+        shortfall = 1.0 + REQUIRED_GAIN - spec.rate / plain.rate if plain.rate > 0 else 0.0
+        return min(1.0, 2.0 * REQUIRED_GAIN / shortfall) if shortfall > 0 else 1.0
 
     def _easier_settings_reject(self, bucket: int, temperature_key: int) -> bool:
         """Whether speculation lost at the nearest smaller batch size (same temperature) or at the nearest
