@@ -21,10 +21,9 @@ decisions takes the other arm (rejected speculation less often the more clearly 
 it at a large batch first makes the draft model prefill every request, and never in steps shared
 with prefill chunks, which the guard does not measure); a bucket where plain decode was never
 measured takes plain steps at a higher rate until it has ``MIN_SAMPLES`` of them. A bucket where
-speculation was never measured
-starts from the verdicts of the nearest smaller batch size and of the nearest lower temperature: if
-speculation lost there, it is rejected (and probed) here too, since extra tokens only get dearer as
-the batch grows and acceptance only falls as T rises.
+speculation was never measured starts from the verdicts of the nearest smaller batch size and of the
+nearest lower temperature: if speculation lost there, it is rejected (and probed) here too, since
+extra tokens only get dearer as the batch grows and acceptance only falls as T rises.
 """
 
 from __future__ import annotations
@@ -128,7 +127,7 @@ class GoodputGuard:
         return "speculate" if spec.rate >= plain.rate * (1.0 + REQUIRED_GAIN) else "decode plainly"
 
     def _closeness(self, bucket: int, temperature_key: int) -> float:
-        """1 while speculation lost by at most twice ``REQUIRED_GAIN``, falling as 1 / loss beyond."""
+        """1 while speculation fell at most 2 x ``REQUIRED_GAIN`` short of its bar, then falling as 1 / shortfall."""
         plain, spec = self._plain[bucket], self._speculative[(bucket, temperature_key)]
         shortfall = 1.0 + REQUIRED_GAIN - spec.rate / plain.rate if plain.rate > 0 else 0.0
         return min(1.0, 2.0 * REQUIRED_GAIN / shortfall) if shortfall > 0 else 1.0
