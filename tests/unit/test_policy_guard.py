@@ -48,7 +48,7 @@ def test_speculation_is_allowed_until_both_arms_are_measured() -> None:
 # spec 2000 tokens/s vs plain 1600: plain probes at 5%; spec 1520 (5% short of the +5% bar): probed at 5%;
 # spec 800, half of plain: probed at 5% x 0.1 / 0.55, rarer the clearer it lost
 @pytest.mark.parametrize(("spec_tokens", "expected"), [(30, 0.95), (22.8, 0.05), (12, 0.05 * 0.1 / 0.55)])
-def test_verdict_follows_the_measured_rates_with_probes(spec_tokens: int, expected: float) -> None:
+def test_verdict_follows_the_measured_rates_with_probes(spec_tokens: float, expected: float) -> None:
     guard = GoodputGuard()
     for _ in range(5):
         guard.observe(step(16, False, 16, 0.010))  # plain: 1600 tokens/s
