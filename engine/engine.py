@@ -23,7 +23,7 @@ from engine.models.loader import load_model, read_config, resolve_checkpoint
 from engine.models.tokenizer import IncrementalDetokenizer, check_compatible, eos_token_ids, load_tokenizer
 from engine.request import Request, RequestStatus
 from engine.sampler import greedy_tokens, position_counts, processed_probs, token_logprobs
-from engine.scheduler import PrefillChunk, Scheduler
+from engine.scheduler import Scheduler
 from engine.spec_decode.proposer import Draft, build_proposers
 from engine.spec_decode.rejection_sampler import VerifyResult, verify_greedy_batch, verify_sampled
 from engine.spec_decode.stats import SpecDecodeStats
@@ -142,7 +142,7 @@ class LLMEngine:
         if sched.is_empty:
             return self._collect(list(self.requests.values()))
         start = time.perf_counter()
-        plans = self._plan(sched.decodes, sched.prefills)
+        plans = self._plan(sched.decodes, num_prefilling=len(sched.prefills))
         draft_seconds, num_draft_requests = self._propose(plans)
         verify_start = time.perf_counter()
         chunks = [SeqChunk(p.request.request_id, [p.request.last_token] + p.draft_tokens,
@@ -175,7 +175,7 @@ class LLMEngine:
         self.stats.observe_step(len(chunks), num_tokens, step_seconds, num_generated)
         return self._collect(list(self.requests.values()))
 
-    def _plan(self, decodes: list[Request], prefills: list[PrefillChunk]) -> list[Planned]:
+    def _plan(self, decodes: list[Request], num_prefilling: int) -> list[Planned]:
         """Ask the policy for k and proposer per request, then apply the hard limits."""
         if not decodes:
             return []
@@ -191,9 +191,8 @@ class LLMEngine:
                 request_id=r.request_id, temperature=r.params.temperature, num_output_tokens=len(r.output_ids),
                 max_k=max(0, cap), ngram_match_len=ngram.match_len(r),
                 override_mode=override.mode if override else "auto", draft_available="draft" in self.proposers))
-        decisions = self.policy.decide(BatchView(
-            tuple(views), num_waiting=self.scheduler.num_waiting,
-            num_prefilling=len(prefills)))
+        decisions = self.policy.decide(BatchView(tuple(views), num_waiting=self.scheduler.num_waiting,
+                                                 num_prefilling=num_prefilling))
         plans = []
         cache = self.runner.cache
         for r, view, decision in zip(decodes, views, decisions):

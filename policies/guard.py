@@ -140,14 +140,17 @@ class GoodputGuard:
         (batch size, temperature) where speculation has not been tried starts from those verdicts,
         probing in bursts, instead of speculating at a loss until it has its own samples of both arms.
         """
-        neighbours = ([(smaller, temperature_key) for smaller in range(bucket - 1, -1, -1)],
-                      [(bucket, cooler) for cooler in range(temperature_key - 1, -1, -1)])
-        for line in neighbours:
-            verdict = next((v for v in (self._verdict(*key) for key in line) if v in ("speculate", "decode plainly")),
-                           None)
-            if verdict == "decode plainly":
-                return True
-        return False
+        smaller_batches = [(smaller, temperature_key) for smaller in range(bucket - 1, -1, -1)]
+        lower_temperatures = [(bucket, cooler) for cooler in range(temperature_key - 1, -1, -1)]
+        return any(self._nearest_verdict(line) == "decode plainly" for line in (smaller_batches, lower_temperatures))
+
+    def _nearest_verdict(self, keys: list[tuple[int, int]]) -> str | None:
+        """The first settled verdict (speculate or decode plainly) along ``keys``, nearest first."""
+        for key in keys:
+            verdict = self._verdict(*key)
+            if verdict in ("speculate", "decode plainly"):
+                return verdict
+        return None
 
     def summary(self) -> list[dict[str, Any]]:
         """Per batch-size bucket: the sizes it covers, plain tokens/s, speculative tokens/s by temperature."""
