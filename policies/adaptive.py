@@ -15,7 +15,8 @@ Three corrections on top of the pure optimum:
   heavy load, where each would add whole draft passes to a large batch);
 - the goodput guard (policies/guard.py): where speculative steps (at this batch size and temperature)
   have not measurably emitted more tokens per second than plain steps, the step decodes plainly
-  whatever the model predicts. It is asked before planning, so such steps cost no planning time.
+  whatever the model predicts, or, where only the draft model's route lost, speculates with n-gram
+  lookups only. It is asked before planning, so vetoed steps cost no planning time.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from policies.base import BatchView, Decision, ProposerName, RequestView
 from policies.cost_model import CostCoefficients
 from policies.fixed import PLAIN
 from policies.goodput import BatchPlan, Candidate, plan_batch, with_probe
+from policies.guard import ROUTES
 from policies.learning import LearnedState, LearningPolicy
 from policies.settings import PolicySettings
 
@@ -51,10 +53,11 @@ class AdaptivePolicy(LearningPolicy):
         # asked first: where speculation measurably loses, planning is waste. The guard judges by load, not by
         # this step's decodes: while a batch ramps up, prefill steps (which it never measures) would
         # otherwise speculate with the verdict of a batch size the steady batch does not have.
-        if self._vetoed(batch.load, measured=batch.num_prefilling == 0):
+        allowed = self._allowed_proposers(batch.load, measured=batch.num_prefilling == 0)
+        if not allowed:
             self.last_plan = None
             return [PLAIN] * len(requests)
-        candidates = [self._candidate(view) for view in requests]
+        candidates = [self._candidate(view, allowed) for view in requests]
         coeffs = self.cost_model.coefficients()
         plan = plan_batch(candidates, coeffs, batch.num_prefill_tokens, self.settings.hysteresis)
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
@@ -71,19 +74,21 @@ class AdaptivePolicy(LearningPolicy):
         super().forget(request_id)
         self._previous.pop(request_id, None)
 
-    def _vetoed(self, batch_size: int, measured: bool) -> bool:
-        """The goodput guard's measured verdict overrides the model's plan (see policies/guard.py)."""
+    def _allowed_proposers(self, batch_size: int, measured: bool) -> frozenset[str]:
+        """The goodput guard's measured verdicts override the model's plan (see policies/guard.py)."""
         settings = self.settings
-        return settings.goodput_guard and not self.guard.allow_speculation(
-            batch_size, self.batch_temperature, self._rng, settings.guard_probe_rate, measured)
+        if not settings.goodput_guard:
+            return ROUTES["draft"]
+        return self.guard.allowed_proposers(batch_size, self.batch_temperature, self._rng,
+                                            settings.guard_probe_rate, measured)
 
-    def _candidate(self, view: RequestView) -> Candidate:
+    def _candidate(self, view: RequestView, allowed: frozenset[str]) -> Candidate:
         """The request's options: which proposers it may use this step, their alphas, and the k cap."""
         cap = max(0, min(view.max_k, self.settings.k_max))
         mode = view.override_mode
-        draft_ok = view.draft_available and mode in ("auto", "draft")
+        draft_ok = view.draft_available and mode in ("auto", "draft") and "draft" in allowed
         min_match = 1 if mode == "ngram" else self.settings.ngram_min_match
-        ngram_ok = mode in ("auto", "ngram") and view.ngram_match_len >= min_match
+        ngram_ok = mode in ("auto", "ngram") and view.ngram_match_len >= min_match and "ngram" in allowed
         alpha_draft = self.acceptance.alpha(view.request_id, "draft", view.temperature) if draft_ok else 0.0
         alpha_ngram = self.acceptance.alpha(view.request_id, "ngram", view.temperature) if ngram_ok else 0.0
         return Candidate(

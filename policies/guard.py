@@ -16,6 +16,11 @@ speculative decode costs those catch-ups, and leaving them out made speculation 
 was. So that a probe of rejected speculation is not judged by its catch-up step alone, it lasts
 ``PROBE_BURST`` steps, as sustained speculation would.
 
+Speculative steps are kept apart by route: those where the draft model proposed (alone or beside
+n-gram lookups) and those where only n-gram lookups did. An n-gram proposal costs no model pass, so
+at large batches, where the draft model's passes no longer pay, n-gram speculation alone can still
+beat plain decode; the guard then allows the n-gram proposer only.
+
 Both arms must stay measured for the comparison to stay true, so a fraction ``probe_rate`` of the
 decisions takes the other arm (rejected speculation less often the more clearly it lost: a probe of
 it at a large batch first makes the draft model prefill every request, and never in steps shared
@@ -41,6 +46,9 @@ MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate i
 EWMA_WEIGHT = 0.05  # weight of the newest step's tokens and seconds: about the last 20 steps count
 REQUIRED_GAIN = 0.05  # speculation must beat plain decode by this much: near break-even, plain cannot lose
 PROBE_BURST = 12  # a probe of rejected speculation lasts this many steps (the first pays the draft's catch-up)
+# a speculative step's route -> the proposers it may use; the costlier route first
+ROUTES = {"draft": frozenset({"draft", "ngram"}), "ngram": frozenset({"ngram"})}
+NO_PROPOSERS: frozenset[str] = frozenset()
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -67,13 +75,13 @@ class _Arm:
 
 class GoodputGuard:
     """Realised tokens/s of plain steps per batch-size bucket, and of speculative steps per batch-size
-    bucket and temperature bucket (acceptance, so what speculation yields, falls as T rises; plain
-    decode costs the same at any T)."""
+    bucket, temperature bucket (acceptance, so what speculation yields, falls as T rises; plain decode
+    costs the same at any T) and route (draft model or n-gram lookups only)."""
 
     def __init__(self) -> None:
         self._plain: dict[int, _Arm] = {}
-        self._speculative: dict[tuple[int, int], _Arm] = {}
-        self._burst_left: dict[tuple[int, int], int] = {}  # steps left of a speculative probe burst
+        self._speculative: dict[tuple[int, int, str], _Arm] = {}  # (batch bucket, T bucket, route)
+        self._burst_left: dict[tuple[int, int, str], int] = {}  # steps left of a speculative probe burst
 
     def observe(self, timing: StepTiming, temperature: float = 0.0) -> None:
         """Record one decode/verify step (no prefill); speculative iff it fed drafts to the target.
@@ -84,29 +92,40 @@ class GoodputGuard:
             return
         bucket = batch_bucket(timing.batch_size)
         if timing.num_tokens > timing.batch_size:
-            arm = self._speculative.setdefault((bucket, temperature_bucket(temperature)), _Arm())
+            route = "draft" if timing.num_draft_tokens > 0 else "ngram"
+            arm = self._speculative.setdefault((bucket, temperature_bucket(temperature), route), _Arm())
         else:
             arm = self._plain.setdefault(bucket, _Arm())
         arm.add(timing.num_generated, timing.step_seconds)
 
-    def allow_speculation(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float,
-                          measured: bool = True) -> bool:
-        """Whether this step may speculate; asked before planning (``temperature``: the batch's mean).
+    def allowed_proposers(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float,
+                          measured: bool = True) -> frozenset[str]:
+        """The proposers this step may use: both, the n-gram one only (the draft route lost here, n-gram
+        speculation did not), or none (plain decode). Asked before planning; ``temperature``: the batch's mean.
 
         ``measured=False`` for a step the guard will not see (it shares the pass with prefill chunks): it
-        follows the verdict but never probes, since a probe there would teach nothing and would make the
+        follows the verdicts but never probes, since a probe there would teach nothing and would make the
         draft model prefill the whole batch on top of the target's prefill.
         """
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
+        for route, proposers in ROUTES.items():
+            decision = self._route_decision((*key, route), rng, probe_rate, measured)
+            if decision != "rejected":
+                return proposers if decision == "speculate" else NO_PROPOSERS
+        return NO_PROPOSERS
+
+    def _route_decision(self, key: tuple[int, int, str], rng: random.Random, probe_rate: float,
+                        measured: bool) -> str:
+        """speculate | plain (a deliberate plain step: it measures the plain arm) | rejected (try a cheaper route)."""
         verdict = self._verdict(*key)
         if verdict is None and not self._easier_settings_reject(*key):
-            return True  # let the plan show what speculation does here
+            return "speculate"  # let the plan show what speculation does here
         if not measured:
-            return verdict in ("speculate", "measure plain")
+            return "speculate" if verdict in ("speculate", "measure plain") else "rejected"
         if verdict == "measure plain":
-            return rng.random() >= MEASURE_PLAIN_RATE
+            return "plain" if rng.random() < MEASURE_PLAIN_RATE else "speculate"
         if verdict == "speculate":
-            return rng.random() >= probe_rate  # probe plain decode: single steps, no switching cost
+            return "plain" if rng.random() < probe_rate else "speculate"  # single steps, no switching cost
         # speculation lost here, or is untried here and lost at a smaller batch or lower T: probe it in bursts,
         # the rarer the clearer it lost (a burst at a large batch costs the draft's prefill of every request)
         if verdict == "decode plainly":
@@ -115,24 +134,24 @@ class GoodputGuard:
         if left == 0 and rng.random() < probe_rate / PROBE_BURST:
             left = PROBE_BURST
         self._burst_left[key] = max(0, left - 1)
-        return left > 0
+        return "speculate" if left > 0 else "rejected"
 
-    def _verdict(self, bucket: int, temperature_key: int) -> str | None:
+    def _verdict(self, bucket: int, temperature_key: int, route: str) -> str | None:
         """speculate | decode plainly | measure plain; None while speculation here is unmeasured."""
-        plain, spec = self._plain.get(bucket), self._speculative.get((bucket, temperature_key))
+        plain, spec = self._plain.get(bucket), self._speculative.get((bucket, temperature_key, route))
         if spec is None or spec.samples < MIN_SAMPLES:
             return None
         if plain is None or plain.samples < MIN_SAMPLES:
             return "measure plain"
         return "speculate" if spec.rate >= plain.rate * (1.0 + REQUIRED_GAIN) else "decode plainly"
 
-    def _closeness(self, bucket: int, temperature_key: int) -> float:
+    def _closeness(self, bucket: int, temperature_key: int, route: str) -> float:
         """1 while speculation fell at most 2 x ``REQUIRED_GAIN`` short of its bar, then falling as 1 / shortfall."""
-        plain, spec = self._plain[bucket], self._speculative[(bucket, temperature_key)]
+        plain, spec = self._plain[bucket], self._speculative[(bucket, temperature_key, route)]
         shortfall = 1.0 + REQUIRED_GAIN - spec.rate / plain.rate if plain.rate > 0 else 0.0
         return min(1.0, 2.0 * REQUIRED_GAIN / shortfall) if shortfall > 0 else 1.0
 
-    def _easier_settings_reject(self, bucket: int, temperature_key: int) -> bool:
+    def _easier_settings_reject(self, bucket: int, temperature_key: int, route: str) -> bool:
         """Whether speculation lost at the nearest smaller batch size (same temperature) or at the nearest
         lower temperature (same batch size) that has a verdict.
 
@@ -140,11 +159,11 @@ class GoodputGuard:
         (batch size, temperature) where speculation has not been tried starts from those verdicts,
         probing in bursts, instead of speculating at a loss until it has its own samples of both arms.
         """
-        smaller_batches = [(smaller, temperature_key) for smaller in range(bucket - 1, -1, -1)]
-        lower_temperatures = [(bucket, cooler) for cooler in range(temperature_key - 1, -1, -1)]
+        smaller_batches = [(smaller, temperature_key, route) for smaller in range(bucket - 1, -1, -1)]
+        lower_temperatures = [(bucket, cooler, route) for cooler in range(temperature_key - 1, -1, -1)]
         return any(self._nearest_verdict(line) == "decode plainly" for line in (smaller_batches, lower_temperatures))
 
-    def _nearest_verdict(self, keys: list[tuple[int, int]]) -> str | None:
+    def _nearest_verdict(self, keys: list[tuple[int, int, str]]) -> str | None:
         """The first settled verdict (speculate or decode plainly) along ``keys``, nearest first."""
         for key in keys:
             verdict = self._verdict(*key)
@@ -153,17 +172,17 @@ class GoodputGuard:
         return None
 
     def summary(self) -> list[dict[str, Any]]:
-        """Per batch-size bucket: the sizes it covers, plain tokens/s, speculative tokens/s by temperature."""
+        """Per batch-size bucket: the sizes it covers, plain tokens/s, speculative tokens/s by route and temperature."""
         out = []
-        for bucket in sorted(set(self._plain) | {b for b, _ in self._speculative}):
+        for bucket in sorted(set(self._plain) | {b for b, _, _ in self._speculative}):
             low, high = (1, 1) if bucket == 0 else (2 ** (bucket - 1) + 1, 2**bucket)
             plain = self._plain.get(bucket)
-            out.append({
-                "batch_sizes": [low, high],
-                "plain": _describe(plain) if plain else None,
-                "speculative": {TEMPERATURE_BUCKETS[t]: _describe(arm)
-                                for (b, t), arm in sorted(self._speculative.items()) if b == bucket},
-            })
+            speculative: dict[str, dict[str, Any]] = {}
+            for (b, t, route), arm in sorted(self._speculative.items()):
+                if b == bucket:
+                    speculative.setdefault(route, {})[TEMPERATURE_BUCKETS[t]] = _describe(arm)
+            out.append({"batch_sizes": [low, high], "plain": _describe(plain) if plain else None,
+                        "speculative": speculative})
         return out
 
 

@@ -42,13 +42,13 @@ class AttentionGroup:
 
     token_index: [group_tokens]          rows of the flat token axis the group's queries sit at (None: all)
     gather_index: [batch, max_ctx]       flat cache index of each request's context (padded)
-    mask: [batch, 1, max_new, max_ctx]   True where query i of request b may attend to key j
+    mask: [batch, 1, max_new, max_ctx]   True where query i of request b may attend to key j (None: all keys)
     scatter_index: [group_tokens]        position of every group token in the [batch * max_new] padded grid
     """
 
     token_index: torch.Tensor | None
     gather_index: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None
     scatter_index: torch.Tensor
     batch_size: int
     max_new: int
@@ -94,9 +94,11 @@ def _attention_group(
     context_indices: list[torch.Tensor], num_new: list[int], token_index: torch.Tensor | None, device: torch.device
 ) -> AttentionGroup:
     batch = len(num_new)
+    max_new = max(num_new)
+    if max_new == 1:
+        return _decode_group(context_indices, token_index, device)
     ctx_len = torch.tensor([idx.numel() for idx in context_indices])
     new_len = torch.tensor(num_new)
-    max_new = max(num_new)
     uniform = min(num_new) == max_new
     gather = torch.nn.utils.rnn.pad_sequence(context_indices, batch_first=True)
     # query i of request b sits at position ctx - n + i and sees keys 0..that position
@@ -118,6 +120,24 @@ def _attention_group(
         max_new=max_new,
         uniform=uniform,
     )
+
+
+def _decode_group(context_indices: list[torch.Tensor], token_index: torch.Tensor | None,
+                  device: torch.device) -> AttentionGroup:
+    """One new token per request: its query sees the whole context, so only padding needs a mask.
+
+    The draft model runs such a step k times per round; building the general causal mask was a
+    tenth of its pass at batch 1.
+    """
+    lengths = [idx.numel() for idx in context_indices]
+    if min(lengths) == max(lengths):
+        gather, mask = torch.stack(context_indices), None
+    else:
+        gather = torch.nn.utils.rnn.pad_sequence(context_indices, batch_first=True)
+        mask = (torch.arange(gather.shape[1])[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :].to(device)
+    batch = len(lengths)
+    return AttentionGroup(token_index=token_index, gather_index=gather.to(device), mask=mask,
+                          scatter_index=torch.arange(batch, device=device), batch_size=batch, max_new=1, uniform=True)
 
 
 class RMSNorm(nn.Module):

@@ -21,15 +21,18 @@ from policies.guard import MEASURE_PLAIN_RATE, PROBE_BURST, GoodputGuard, batch_
 from policies.simulate import SimCost, simulate
 
 
-def step(batch: int, speculative: bool, tokens: int, seconds: float) -> StepTiming:
+def step(batch: int, speculative: bool, tokens: int, seconds: float, route: str = "draft") -> StepTiming:
     fed = batch * 3 if speculative else batch
-    return StepTiming(batch, fed, seconds, step_seconds=seconds, num_generated=tokens)
+    drafted = fed - batch if route == "draft" else 0
+    return StepTiming(batch, fed, seconds, num_draft_tokens=drafted, step_seconds=seconds, num_generated=tokens)
 
 
-def allowed_fraction(guard: GoodputGuard, batch: int, probe_rate: float, temperature: float = 0.0) -> float:
+def allowed_fraction(guard: GoodputGuard, batch: int, probe_rate: float, temperature: float = 0.0,
+                     proposer: str = "draft") -> float:
+    """How often a step may use ``proposer``."""
     rng = random.Random(0)
     draws = 4000
-    return sum(guard.allow_speculation(batch, temperature, rng, probe_rate) for _ in range(draws)) / draws
+    return sum(proposer in guard.allowed_proposers(batch, temperature, rng, probe_rate) for _ in range(draws)) / draws
 
 
 def test_buckets_group_batch_sizes_by_powers_of_two() -> None:
@@ -77,7 +80,7 @@ def test_summary_reports_each_bucket() -> None:
     guard.observe(step(4, True, 8, 0.01), temperature=0.7)
     [row] = guard.summary()
     assert row == {"batch_sizes": [3, 4], "plain": {"tokens_per_s": pytest.approx(300.0), "steps": 1},
-                   "speculative": {"(0.5,0.9]": {"tokens_per_s": pytest.approx(800.0), "steps": 1}}}
+                   "speculative": {"draft": {"(0.5,0.9]": {"tokens_per_s": pytest.approx(800.0), "steps": 1}}}}
 
 
 def test_adaptive_policy_decodes_plainly_where_speculation_measured_slower() -> None:
@@ -112,8 +115,8 @@ def test_steps_shared_with_prefill_follow_the_verdict_but_never_probe() -> None:
         guard.observe(step(8, False, 8, 0.010))
         guard.observe(step(8, True, 8, 0.0104))  # loses narrowly: probed at the full rate when measured
     rng = random.Random(0)
-    assert not any(guard.allow_speculation(8, 0.0, rng, 1.0, measured=False) for _ in range(200))
-    assert guard.allow_speculation(1, 0.0, rng, 1.0, measured=False)  # untried: the plan decides
+    assert not any("draft" in guard.allowed_proposers(8, 0.0, rng, 1.0, measured=False) for _ in range(200))
+    assert guard.allowed_proposers(1, 0.0, rng, 1.0, measured=False)  # untried: the plan decides
 
 
 def test_guard_rescues_a_cost_model_that_misses_padded_attention() -> None:
@@ -142,7 +145,7 @@ def test_a_probe_of_rejected_speculation_is_a_burst_of_steps() -> None:
         guard.observe(step(8, False, 8, 0.010))
         guard.observe(step(8, True, 8, 0.0104))  # speculation falls just short of the required gain
     rng = random.Random(1)
-    allowed = [guard.allow_speculation(8, 0.0, rng, 0.05) for _ in range(8000)]
+    allowed = ["draft" in guard.allowed_proposers(8, 0.0, rng, 0.05) for _ in range(8000)]
     assert sum(allowed) / len(allowed) == pytest.approx(0.05, abs=0.015)
     runs = "".join("s" if a else "." for a in allowed).split(".")
     assert {len(run) for run in runs if run} <= {PROBE_BURST, 2 * PROBE_BURST}
@@ -183,3 +186,32 @@ def test_an_untried_temperature_starts_from_the_verdict_at_lower_temperatures() 
         guard.observe(step(1, True, 3, 0.006), temperature=0.7)  # wins
     assert allowed_fraction(guard, 16, 0.05, temperature=0.7) == pytest.approx(0.05, abs=0.02)
     assert allowed_fraction(guard, 1, 0.05, temperature=1.0) == 1.0  # nothing lost at batch 1
+
+
+def test_n_gram_speculation_is_judged_apart_from_the_draft_model() -> None:
+    """At a large batch the draft model's passes stop paying before free n-gram proposals do."""
+    guard = GoodputGuard()
+    for _ in range(5):
+        guard.observe(step(32, False, 32, 0.010))  # plain: 3200 tokens/s
+        guard.observe(step(32, True, 40, 0.020))  # draft route: 2000 tokens/s
+    # the draft route lost; n-gram speculation alone is untried here: it may run
+    assert allowed_fraction(guard, 32, 0.0, proposer="ngram") == 1.0
+    assert allowed_fraction(guard, 32, 0.0, proposer="draft") == 0.0
+    for _ in range(5):
+        guard.observe(step(32, True, 44, 0.011, route="ngram"))  # 4000 tokens/s
+    assert allowed_fraction(guard, 32, 0.05, proposer="ngram") == pytest.approx(0.95, abs=0.02)
+    assert allowed_fraction(guard, 32, 0.05, proposer="draft") < 0.05  # bursts of probes only
+    for _ in range(40):
+        guard.observe(step(32, True, 30, 0.011, route="ngram"))  # n-gram lookups stop paying too
+    assert allowed_fraction(guard, 32, 0.0, proposer="ngram") == 0.0
+
+
+def test_adaptive_policy_speculates_with_n_grams_only_where_the_draft_model_lost() -> None:
+    policy = AdaptivePolicy(PolicySettings(guard_probe_rate=0.0))
+    for _ in range(5):
+        policy.observe_step(step(8, False, 8, 0.010))
+        policy.observe_step(step(8, True, 10, 0.020))  # the draft route loses at 5-8
+    views = tuple(RequestView(f"r{i}", 0.0, 10, 4, ngram_match_len=6) for i in range(8))
+    decisions = [d for _ in range(20) for d in policy.decide(BatchView(views))]
+    assert any(d.k for d in decisions)
+    assert all(d.proposer == "ngram" for d in decisions if d.k)
