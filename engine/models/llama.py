@@ -126,8 +126,8 @@ def _decode_group(context_indices: list[torch.Tensor], token_index: torch.Tensor
                   device: torch.device) -> AttentionGroup:
     """One new token per request: its query sees the whole context, so only padding needs a mask.
 
-    The draft model runs such a step k times per round; building the general causal mask was a
-    tenth of its pass at batch 1.
+    The draft model runs such a step k times per round; at batch 1 on CPU the general builder's
+    padding and causal mask took ~70 us of a ~1.4 ms pass.
     """
     lengths = [idx.numel() for idx in context_indices]
     if min(lengths) == max(lengths):
