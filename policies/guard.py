@@ -14,7 +14,10 @@ Steps in which the draft model first had to catch up on tokens it missed (its la
 return from plain decode) count like any other: the plan's own switching between plain and
 speculative decode costs those catch-ups, and leaving them out made speculation look better than it
 was. So that a probe of rejected speculation is not judged by its catch-up step alone, it lasts
-``PROBE_BURST`` steps, as sustained speculation would.
+``PROBE_BURST`` steps, as sustained speculation would, and speculation gets no verdict before it
+has that many steps: judged on three, one of them the draft's lazy prefill of a 150-token prompt,
+speculation at batch 1 looked half as fast as plain decode and, so clearly lost, was hardly ever
+probed again.
 
 Speculative steps are kept apart by route: those where the draft model proposed (alone or beside
 n-gram lookups) and those where only n-gram lookups did. An n-gram proposal costs no model pass, so
@@ -41,11 +44,12 @@ from typing import Any
 from policies.acceptance import TEMPERATURE_BUCKETS, temperature_bucket
 from policies.base import StepTiming
 
-MIN_SAMPLES = 3  # steps of an arm in a bucket before its rate counts
+MIN_SAMPLES = 3  # plain steps in a bucket before their rate counts
 MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate is still unknown
 EWMA_WEIGHT = 0.05  # weight of the newest step's tokens and seconds: about the last 20 steps count
 REQUIRED_GAIN = 0.05  # speculation must beat plain decode by this much: near break-even, plain cannot lose
 PROBE_BURST = 12  # a probe of rejected speculation lasts this many steps (the first pays the draft's catch-up)
+MIN_SPECULATIVE_SAMPLES = PROBE_BURST  # speculative steps before their rate counts: the first may be a catch-up
 # a speculative step's route -> the proposers it may use; the costlier route first
 ROUTES = {"draft": frozenset({"draft", "ngram"}), "ngram": frozenset({"ngram"})}
 NO_PROPOSERS: frozenset[str] = frozenset()
@@ -139,7 +143,7 @@ class GoodputGuard:
     def _verdict(self, bucket: int, temperature_key: int, route: str) -> str | None:
         """speculate | decode plainly | measure plain; None while speculation here is unmeasured."""
         plain, spec = self._plain.get(bucket), self._speculative.get((bucket, temperature_key, route))
-        if spec is None or spec.samples < MIN_SAMPLES:
+        if spec is None or spec.samples < MIN_SPECULATIVE_SAMPLES:
             return None
         if plain is None or plain.samples < MIN_SAMPLES:
             return "measure plain"

@@ -17,8 +17,10 @@ from policies import (
     RequestView,
     StepTiming,
 )
-from policies.guard import MEASURE_PLAIN_RATE, PROBE_BURST, GoodputGuard, batch_bucket
+from policies.guard import MEASURE_PLAIN_RATE, MIN_SPECULATIVE_SAMPLES, PROBE_BURST, GoodputGuard, batch_bucket
 from policies.simulate import SimCost, simulate
+
+SAMPLES = MIN_SPECULATIVE_SAMPLES  # steps of each arm the tests feed before asking for a verdict
 
 
 def step(batch: int, speculative: bool, tokens: int, seconds: float, route: str = "draft") -> StepTiming:
@@ -42,7 +44,7 @@ def test_buckets_group_batch_sizes_by_powers_of_two() -> None:
 def test_speculation_is_allowed_until_both_arms_are_measured() -> None:
     guard = GoodputGuard()
     assert allowed_fraction(guard, 8, 0.05) == 1.0
-    for _ in range(3):
+    for _ in range(SAMPLES):
         guard.observe(step(8, True, 8, 0.01))
     # speculation measured, plain not yet: plain steps are taken at MEASURE_PLAIN_RATE to learn it
     assert allowed_fraction(guard, 8, 0.05) == pytest.approx(1 - MEASURE_PLAIN_RATE, abs=0.03)
@@ -53,7 +55,7 @@ def test_speculation_is_allowed_until_both_arms_are_measured() -> None:
 @pytest.mark.parametrize(("spec_tokens", "expected"), [(30, 0.95), (22.8, 0.05), (12, 0.05 * 0.1 / 0.55)])
 def test_verdict_follows_the_measured_rates_with_probes(spec_tokens: float, expected: float) -> None:
     guard = GoodputGuard()
-    for _ in range(5):
+    for _ in range(SAMPLES):
         guard.observe(step(16, False, 16, 0.010))  # plain: 1600 tokens/s
         guard.observe(step(16, True, spec_tokens, 0.015))
     assert allowed_fraction(guard, 16, 0.05) == pytest.approx(expected, abs=0.015)
@@ -63,7 +65,7 @@ def test_verdict_follows_the_measured_rates_with_probes(spec_tokens: float, expe
 def test_speculative_rates_are_kept_per_temperature() -> None:
     """Greedy steps that speculate well say nothing about T = 1 steps, whose acceptance is lower."""
     guard = GoodputGuard()
-    for _ in range(5):
+    for _ in range(SAMPLES):
         guard.observe(step(16, False, 16, 0.010))
         guard.observe(step(16, True, 32, 0.012), temperature=0.0)
         guard.observe(step(16, True, 17, 0.012), temperature=1.0)
@@ -87,7 +89,7 @@ def test_adaptive_policy_decodes_plainly_where_speculation_measured_slower() -> 
     policy = AdaptivePolicy(PolicySettings(guard_probe_rate=0.0))
     views = tuple(RequestView(f"r{i}", 0.0, 10, 4, 0) for i in range(8))
     assert any(d.k for d in policy.decide(BatchView(views)))  # the model alone would speculate
-    for _ in range(5):
+    for _ in range(SAMPLES):
         policy.observe_step(step(8, False, 8, 0.010))
         policy.observe_step(step(8, True, 10, 0.020))
     assert all(d.k == 0 for _ in range(20) for d in policy.decide(BatchView(views)))
@@ -98,7 +100,7 @@ def test_adaptive_policy_decodes_plainly_where_speculation_measured_slower() -> 
 def test_the_guard_judges_a_ramping_batch_by_its_load() -> None:
     """Two decodes beside six prefilling requests are a batch of eight: its verdict applies, not batch 2's."""
     policy = AdaptivePolicy(PolicySettings(guard_probe_rate=0.0))
-    for _ in range(5):
+    for _ in range(SAMPLES):
         policy.observe_step(step(8, False, 8, 0.010))
         policy.observe_step(step(8, True, 10, 0.020))  # speculation loses at 5-8
     views = tuple(RequestView(f"r{i}", 0.0, 10, 4, 0) for i in range(2))
@@ -111,7 +113,7 @@ def test_the_guard_judges_a_ramping_batch_by_its_load() -> None:
 def test_steps_shared_with_prefill_follow_the_verdict_but_never_probe() -> None:
     """The guard never measures them, and a probe there would add the draft's prefill of the whole batch."""
     guard = GoodputGuard()
-    for _ in range(5):
+    for _ in range(SAMPLES):
         guard.observe(step(8, False, 8, 0.010))
         guard.observe(step(8, True, 8, 0.0104))  # loses narrowly: probed at the full rate when measured
     rng = random.Random(0)
@@ -141,7 +143,7 @@ def test_settings_validate_the_guard_fields() -> None:
 def test_a_probe_of_rejected_speculation_is_a_burst_of_steps() -> None:
     """Its first step pays the draft model's catch-up; sustained speculation would not pay it every step."""
     guard = GoodputGuard()
-    for _ in range(5):
+    for _ in range(SAMPLES):
         guard.observe(step(8, False, 8, 0.010))
         guard.observe(step(8, True, 8, 0.0104))  # speculation falls just short of the required gain
     rng = random.Random(1)
@@ -162,7 +164,7 @@ def test_fixed_policies_do_not_feed_the_guard_but_plain_decode_does() -> None:
 def test_an_untried_batch_size_starts_from_the_verdict_of_smaller_batches() -> None:
     """Extra tokens only get dearer as the batch grows: where speculation lost at 16, 32 starts rejected."""
     guard = GoodputGuard()
-    for _ in range(5):
+    for _ in range(SAMPLES):
         guard.observe(step(16, False, 16, 0.010))  # plain: 1600 tokens/s
         guard.observe(step(16, True, 12, 0.015))  # speculative: 800 tokens/s
         guard.observe(step(2, False, 2, 0.004))  # plain: 500 tokens/s
@@ -170,7 +172,7 @@ def test_an_untried_batch_size_starts_from_the_verdict_of_smaller_batches() -> N
     assert allowed_fraction(guard, 32, 0.05) == pytest.approx(0.05, abs=0.02)  # bursts of probes only
     assert allowed_fraction(guard, 32, 0.05, temperature=1.0) == 1.0  # nothing known at T=1 anywhere
     assert allowed_fraction(guard, 4, 0.05) == 1.0  # the nearest smaller verdict (batch 2) speculates
-    for _ in range(5):
+    for _ in range(SAMPLES):
         guard.observe(step(32, True, 96, 0.02))  # speculation measured at 32 itself, and it pays
         guard.observe(step(32, False, 32, 0.02))
     assert allowed_fraction(guard, 32, 0.05) == pytest.approx(0.95, abs=0.02)
@@ -179,7 +181,7 @@ def test_an_untried_batch_size_starts_from_the_verdict_of_smaller_batches() -> N
 def test_an_untried_temperature_starts_from_the_verdict_at_lower_temperatures() -> None:
     """Acceptance only falls as T rises: where greedy speculation lost at 16, T = 0.7 starts rejected."""
     guard = GoodputGuard()
-    for _ in range(5):
+    for _ in range(SAMPLES):
         guard.observe(step(16, False, 16, 0.010))
         guard.observe(step(16, True, 12, 0.015), temperature=0.0)  # loses
         guard.observe(step(1, False, 1, 0.004))
@@ -191,13 +193,13 @@ def test_an_untried_temperature_starts_from_the_verdict_at_lower_temperatures() 
 def test_n_gram_speculation_is_judged_apart_from_the_draft_model() -> None:
     """At a large batch the draft model's passes stop paying before free n-gram proposals do."""
     guard = GoodputGuard()
-    for _ in range(5):
+    for _ in range(SAMPLES):
         guard.observe(step(32, False, 32, 0.010))  # plain: 3200 tokens/s
         guard.observe(step(32, True, 40, 0.020))  # draft route: 2000 tokens/s
     # the draft route lost; n-gram speculation alone is untried here: it may run
     assert allowed_fraction(guard, 32, 0.0, proposer="ngram") == 1.0
     assert allowed_fraction(guard, 32, 0.0, proposer="draft") == 0.0
-    for _ in range(5):
+    for _ in range(SAMPLES):
         guard.observe(step(32, True, 44, 0.011, route="ngram"))  # 4000 tokens/s
     assert allowed_fraction(guard, 32, 0.05, proposer="ngram") == pytest.approx(0.95, abs=0.02)
     assert allowed_fraction(guard, 32, 0.05, proposer="draft") < 0.05  # bursts of probes only
@@ -208,7 +210,7 @@ def test_n_gram_speculation_is_judged_apart_from_the_draft_model() -> None:
 
 def test_adaptive_policy_speculates_with_n_grams_only_where_the_draft_model_lost() -> None:
     policy = AdaptivePolicy(PolicySettings(guard_probe_rate=0.0))
-    for _ in range(5):
+    for _ in range(SAMPLES):
         policy.observe_step(step(8, False, 8, 0.010))
         policy.observe_step(step(8, True, 10, 0.020))  # the draft route loses at 5-8
     views = tuple(RequestView(f"r{i}", 0.0, 10, 4, ngram_match_len=6) for i in range(8))
