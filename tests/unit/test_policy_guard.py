@@ -217,3 +217,18 @@ def test_adaptive_policy_speculates_with_n_grams_only_where_the_draft_model_lost
     decisions = [d for _ in range(20) for d in policy.decide(BatchView(views))]
     assert any(d.k for d in decisions)
     assert all(d.proposer == "ngram" for d in decisions if d.k)
+
+
+def test_speculation_gets_no_verdict_before_a_burst_of_steps() -> None:
+    """Judged on three steps, one of them the draft's lazy prefill, speculation looked slower than plain
+    decode and, having clearly lost, was hardly ever probed again."""
+    guard = GoodputGuard()
+    for _ in range(SAMPLES):
+        guard.observe(step(1, False, 1, 0.005))  # plain: 200 tokens/s
+    guard.observe(step(1, True, 2, 0.030))  # the first speculative step prefills the draft model
+    for _ in range(2):
+        guard.observe(step(1, True, 2, 0.008))
+    assert allowed_fraction(guard, 1, 0.05) == 1.0  # no verdict yet
+    for _ in range(SAMPLES - 3):
+        guard.observe(step(1, True, 3, 0.009))
+    assert allowed_fraction(guard, 1, 0.05) == pytest.approx(0.95, abs=0.02)  # ~260 tokens/s: speculate
