@@ -24,6 +24,12 @@ n-gram lookups) and those where only n-gram lookups did. An n-gram proposal cost
 at large batches, where the draft model's passes no longer pay, n-gram speculation alone can still
 beat plain decode; the guard then allows the n-gram proposer only.
 
+A probe measures speculation afresh: once it has ``MIN_SPECULATIVE_SAMPLES`` steps, they replace the
+older speculative figure instead of nudging its average. What was rejected was measured under an older
+plan (at first contact the plan drafts short, from a cautious prior acceptance), and at an average
+over ~20 steps one burst of 12 moved it only halfway, so speculation that had come to pay (batch 4,
+T = 1: draft k = 2 1.2x plain) stayed rejected.
+
 Both arms must stay measured for the comparison to stay true, so a fraction ``probe_rate`` of the
 decisions takes the other arm (rejected speculation less often the more clearly it lost: a probe of
 it at a large batch first makes the draft model prefill every request, and never in steps shared
@@ -86,6 +92,7 @@ class GoodputGuard:
         self._plain: dict[int, _Arm] = {}
         self._speculative: dict[tuple[int, int, str], _Arm] = {}  # (batch bucket, T bucket, route)
         self._burst_left: dict[tuple[int, int, str], int] = {}  # steps left of a speculative probe burst
+        self._probes: dict[tuple[int, int, str], _Arm] = {}  # the speculative steps of a probe, measured afresh
 
     def observe(self, timing: StepTiming, temperature: float = 0.0) -> None:
         """Record one decode/verify step (no prefill); speculative iff it fed drafts to the target.
@@ -95,12 +102,17 @@ class GoodputGuard:
         if timing.step_seconds <= 0 or not math.isfinite(timing.step_seconds) or timing.batch_size <= 0:
             return
         bucket = batch_bucket(timing.batch_size)
-        if timing.num_tokens > timing.batch_size:
-            route = "draft" if timing.num_draft_tokens > 0 else "ngram"
-            arm = self._speculative.setdefault((bucket, temperature_bucket(temperature), route), _Arm())
-        else:
-            arm = self._plain.setdefault(bucket, _Arm())
-        arm.add(timing.num_generated, timing.step_seconds)
+        if timing.num_tokens <= timing.batch_size:
+            self._plain.setdefault(bucket, _Arm()).add(timing.num_generated, timing.step_seconds)
+            return
+        key = (bucket, temperature_bucket(temperature), "draft" if timing.num_draft_tokens > 0 else "ngram")
+        probe = self._probes.get(key)
+        if probe is None:
+            self._speculative.setdefault(key, _Arm()).add(timing.num_generated, timing.step_seconds)
+            return
+        probe.add(timing.num_generated, timing.step_seconds)
+        if probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
+            self._speculative[key] = self._probes.pop(key)
 
     def allowed_proposers(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float,
                           measured: bool = True) -> frozenset[str]:
@@ -137,6 +149,7 @@ class GoodputGuard:
         left = self._burst_left.get(key, 0)
         if left == 0 and rng.random() < probe_rate / PROBE_BURST:
             left = PROBE_BURST
+            self._probes[key] = _Arm()
         self._burst_left[key] = max(0, left - 1)
         return "speculate" if left > 0 else "rejected"
 

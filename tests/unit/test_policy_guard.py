@@ -232,3 +232,19 @@ def test_speculation_gets_no_verdict_before_a_burst_of_steps() -> None:
     for _ in range(SAMPLES - 3):
         guard.observe(step(1, True, 3, 0.009))
     assert allowed_fraction(guard, 1, 0.05) == pytest.approx(0.95, abs=0.02)  # ~260 tokens/s: speculate
+
+
+def test_a_probe_measures_speculation_afresh() -> None:
+    """Speculation rejected on its early steps (short drafts from a cautious prior) is re-judged on the
+    probe's own steps, not on an average that still holds the old ones."""
+    guard = GoodputGuard()
+    for _ in range(SAMPLES):
+        guard.observe(step(4, False, 4, 0.010))  # plain: 400 tokens/s
+        guard.observe(step(4, True, 4, 0.020))  # early speculation: 200 tokens/s
+    assert allowed_fraction(guard, 4, 0.0) == 0.0
+    rng = random.Random(0)
+    while "draft" not in guard.allowed_proposers(4, 0.0, rng, 1.0):  # wait for a probe burst
+        pass
+    for _ in range(SAMPLES):
+        guard.observe(step(4, True, 10, 0.016))  # speculation now: 625 tokens/s
+    assert allowed_fraction(guard, 4, 0.0) == 1.0
