@@ -27,7 +27,7 @@ from policies.base import BatchView, Decision, ProposerName, RequestView
 from policies.cost_model import CostCoefficients
 from policies.fixed import PLAIN
 from policies.goodput import BatchPlan, Candidate, plan_batch, with_probe
-from policies.guard import ROUTES
+from policies.guard import ALL_PROPOSERS
 from policies.learning import LearnedState, LearningPolicy
 from policies.settings import PolicySettings
 
@@ -78,7 +78,7 @@ class AdaptivePolicy(LearningPolicy):
         """The goodput guard's measured verdicts override the model's plan (see policies/guard.py)."""
         settings = self.settings
         if not settings.goodput_guard:
-            return ROUTES["draft"]
+            return ALL_PROPOSERS
         return self.guard.allowed_proposers(batch_size, self.batch_temperature, self._rng,
                                             settings.guard_probe_rate, measured)
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.acceptance import TEMPERATURE_BUCKETS, temperature_bucket
-from policies.base import StepTiming
+from policies.base import PROPOSERS, StepTiming
 
 MIN_SAMPLES = 3  # plain steps in a bucket before their rate counts
 MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate is still unknown
@@ -56,9 +56,10 @@ EWMA_WEIGHT = 0.05  # weight of the newest step's tokens and seconds: about the 
 REQUIRED_GAIN = 0.05  # speculation must beat plain decode by this much: near break-even, plain cannot lose
 PROBE_BURST = 12  # a probe of rejected speculation lasts this many steps (the first pays the draft's catch-up)
 MIN_SPECULATIVE_SAMPLES = PROBE_BURST  # speculative steps before their rate counts: the first may be a catch-up
-# a speculative step's route -> the proposers it may use; the costlier route first
-ROUTES = {"draft": frozenset({"draft", "ngram"}), "ngram": frozenset({"ngram"})}
+ALL_PROPOSERS: frozenset[str] = frozenset(PROPOSERS)
 NO_PROPOSERS: frozenset[str] = frozenset()
+# a speculative step's route -> the proposers it may use; the costlier route first
+ROUTES = {"draft": ALL_PROPOSERS, "ngram": frozenset({"ngram"})}
 
 
 def batch_bucket(batch_size: int) -> int:
