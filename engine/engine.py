@@ -22,7 +22,7 @@ from engine.model_runner import ModelRunner, SeqChunk
 from engine.models.loader import load_model, read_config, resolve_checkpoint
 from engine.models.tokenizer import IncrementalDetokenizer, check_compatible, eos_token_ids, load_tokenizer
 from engine.request import Request, RequestStatus
-from engine.sampler import greedy_tokens, position_counts, processed_probs, token_logprobs
+from engine.sampler import greedy_tokens, position_counts, processed_probs, token_logprobs, transform_key
 from engine.scheduler import Scheduler
 from engine.spec_decode.proposer import Draft, build_proposers
 from engine.spec_decode.rejection_sampler import VerifyResult, verify_greedy_batch, verify_sampled
@@ -250,13 +250,30 @@ class LLMEngine:
                     torch.tensor([d + [0] * (width - len(d)) for d in drafts], dtype=torch.long),
                     torch.tensor([len(d) for d in drafts]))):
                 results[i] = result
-        for i, plan in enumerate(plans):
-            if results[i] is None:
-                r, toks = plan.request, plan.draft_tokens
-                p = processed_probs(logits[i], r.params, self._counts(r, toks))
-                q = plan.draft.probs if plan.draft else None
-                results[i] = verify_sampled(p, torch.tensor(toks, dtype=torch.long, device=p.device), q, r.generator)
+        sampled = [i for i in range(len(plans)) if results[i] is None]
+        for i, p in zip(sampled, self._target_probs([plans[i].request for i in sampled], [logits[i] for i in sampled],
+                                                     [plans[i].draft_tokens for i in sampled])):
+            r, toks, q = plans[i].request, plans[i].draft_tokens, plans[i].draft.probs if plans[i].draft else None
+            results[i] = verify_sampled(p, torch.tensor(toks, dtype=torch.long, device=p.device), q, r.generator)
         return results  # type: ignore[return-value]
+
+    def _target_probs(self, requests: list[Request], logits: list[torch.Tensor],
+                      drafts: list[list[int]]) -> list[torch.Tensor]:
+        """Each sampling request's processed target distributions; requests whose transforms match go through
+        `processed_probs` as one batch (per request, its dozen small ops cost more than the rows)."""
+        out: list[torch.Tensor | None] = [None] * len(requests)
+        groups: dict[tuple, list[int]] = {}
+        for j, request in enumerate(requests):
+            key = transform_key(request.params)
+            if key is None:  # penalties: each position counts the drafts before it
+                out[j] = processed_probs(logits[j], request.params, self._counts(request, drafts[j]))
+            else:
+                groups.setdefault(key, []).append(j)
+        for group in groups.values():
+            probs = processed_probs(torch.cat([logits[j] for j in group]), requests[group[0]].params, None)
+            for j, rows in zip(group, probs.split([logits[j].shape[0] for j in group])):
+                out[j] = rows
+        return out  # type: ignore[return-value]
 
     def _greedy_targets(self, plans: list[Planned], logits: list[torch.Tensor]) -> list[list[int]]:
         """The target's argmax at every verified position of each plan; one argmax for the whole batch

@@ -55,8 +55,38 @@ def greedy_tokens(logits: torch.Tensor, params: SamplingParams, counts: torch.Te
     return apply_penalties(logits, params, counts).argmax(dim=-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:  # probs: [vocab]
-    return int(torch.multinomial(probs, 1, generator=generator))
+def transform_key(params: SamplingParams) -> tuple[float, int, float, float] | None:
+    """What `processed_probs` does to a row, for rows without penalties (None with penalties: those depend
+    on each request's own history). Rows with equal keys can go through it as one batch."""
+    if params.greedy or params.has_penalties:
+        return None
+    return (params.temperature, params.top_k, params.top_p, params.min_p)
+
+
+def sample_inverse_cdf(weights: torch.Tensor,  # [..., vocab] float, non-negative, positive sum per row
+                       uniforms: torch.Tensor) -> torch.Tensor:  # [...] float64 in [0, 1)
+    """Per row, the index with probability proportional to ``weights``, by inverting the CDF at the uniform.
+
+    One cumsum and one binary search per row: on CPU 10-20x cheaper than ``torch.multinomial`` (~80 us for one
+    4k-vocabulary row, ~1 ms for 16), and it consumes uniforms drawn by the caller, so a seeded request's
+    generator fixes its draws. The CDF is float64 so that tiny probabilities keep their mass. ``right=True``
+    picks the first index whose CDF exceeds ``u``, so a zero-weight token (a flat step) is never chosen;
+    ``u`` is kept strictly below the total so that rounding cannot run past the last token.
+    """
+    cdf = weights.to(torch.float64).cumsum(dim=-1)  # [..., vocab]
+    total = cdf[..., -1:]  # [..., 1]
+    target = torch.minimum(uniforms.unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1)  # [...]
+
+
+def sample_rows(probs: torch.Tensor,  # [n, vocab]: one distribution per request
+                generators: list[torch.Generator | None]) -> list[int]:
+    """One token per row; a row with a generator draws its uniform from it, the rest share one draw."""
+    uniforms = torch.rand(probs.shape[0], device=probs.device, dtype=torch.float64)
+    for row, generator in enumerate(generators):
+        if generator is not None:
+            uniforms[row] = torch.rand(1, generator=generator, device=probs.device, dtype=torch.float64)[0]
+    return sample_inverse_cdf(probs, uniforms).tolist()
 
 
 def token_logprobs(logits: torch.Tensor,  # [n, vocab] raw logits of the positions that emitted tokens

@@ -18,7 +18,7 @@ import torch
 
 from engine.model_runner import ModelRunner, SeqChunk
 from engine.request import Request
-from engine.sampler import apply_penalties, processed_probs, sample
+from engine.sampler import apply_penalties, processed_probs, sample_rows, transform_key
 from engine.spec_decode.proposer import Draft
 
 
@@ -59,10 +59,9 @@ class DraftModelProposer:
         logits = self.runner.execute(chunks)
         active = list(range(len(requests)))
         for step in range(max(ks)):
-            stopped = set()
-            for i, row in zip(active, logits):
-                if self._take(requests[i], row, counts[i], tokens[i], qs[i]) < self.stop_confidence:
-                    stopped.add(i)
+            confidences = self._take_all([requests[i] for i in active], logits, [counts[i] for i in active],
+                                         [tokens[i] for i in active], [qs[i] for i in active])
+            stopped = {i for i, confidence in zip(active, confidences) if confidence < self.stop_confidence}
             active = [i for i in active if len(tokens[i]) < ks[i] and i not in stopped]
             if not active:
                 break
@@ -82,6 +81,41 @@ class DraftModelProposer:
             counts.index_add_(0, torch.tensor(request.output_ids), torch.ones(len(request.output_ids)))
         return counts
 
+    def _take_all(self, requests: list[Request], logits: list[torch.Tensor], counts: list[torch.Tensor | None],
+                  tokens: list[list[int]], qs: list[list[torch.Tensor]]) -> list[float]:
+        """Pick every active request's next draft token; returns the draft's probability of each (see `_take`).
+
+        Sampling requests whose transforms match (the usual case: one temperature and top-p for all) go
+        through `processed_probs` and the sampler as one batch: per request, those would be a dozen small
+        ops per draft position, more than the draft model's own per-request cost.
+        """
+        confidences = [1.0] * len(requests)
+        groups: dict[tuple | str, list[int]] = {}
+        for j, request in enumerate(requests):
+            params = request.params
+            key = "greedy" if params.greedy and not params.has_penalties else transform_key(params)
+            if key is None:  # penalties: the request's own counts shape its distribution
+                confidences[j] = self._take(request, logits[j], counts[j], tokens[j], qs[j])
+            else:
+                groups.setdefault(key, []).append(j)
+        for key, group in groups.items():
+            rows = torch.cat([logits[j] for j in group])  # [g, vocab]
+            if key == "greedy":
+                q = None
+                picks = rows.argmax(dim=-1).tolist()
+            else:
+                q = processed_probs(rows, requests[group[0]].params, None)  # [g, vocab]
+                picks = sample_rows(q, [requests[j].generator for j in group])
+            if self.stop_confidence > 0:
+                probs = torch.softmax(rows, dim=-1) if q is None else q
+                for j, confidence in zip(group, probs[torch.arange(len(group)), picks].tolist()):
+                    confidences[j] = confidence
+            for row, (j, token) in enumerate(zip(group, picks)):
+                tokens[j].append(token)
+                if q is not None:
+                    qs[j].append(q[row])
+        return confidences
+
     def _take(self, request: Request, logits: torch.Tensor, counts: torch.Tensor | None,
               tokens: list[int], qs: list[torch.Tensor]) -> float:
         """Pick the next draft token with the same transforms the target's verification uses.
@@ -96,7 +130,7 @@ class DraftModelProposer:
             confidence = float(torch.softmax(scores, dim=-1)[token]) if self.stop_confidence > 0 else 1.0
         else:
             q = processed_probs(logits, params, row_counts)[0]
-            token = sample(q, request.generator)
+            token = sample_rows(q[None], [request.generator])[0]
             confidence = float(q[token]) if self.stop_confidence > 0 else 1.0
             qs.append(q)
         tokens.append(token)

@@ -13,8 +13,9 @@ from engine.sampler import (
     greedy_tokens,
     position_counts,
     processed_probs,
-    sample,
+    sample_rows,
     token_logprobs,
+    transform_key,
 )
 from engine.types import SamplingParams, SpeculationOverride
 
@@ -138,12 +139,36 @@ def test_greedy_tokens_see_penalties():
     assert greedy_tokens(logits, SamplingParams(temperature=0.0), None).tolist() == [0, 0]
 
 
-def test_sample_is_reproducible_with_a_seeded_generator():
-    probs = torch.tensor(PROBS)
-    a = [sample(probs, torch.Generator().manual_seed(3)) for _ in range(5)]
-    b = [sample(probs, torch.Generator().manual_seed(3)) for _ in range(5)]
+def test_sample_rows_is_reproducible_with_a_seeded_generator():
+    probs = torch.tensor([PROBS, PROBS])
+    a = [sample_rows(probs, [torch.Generator().manual_seed(3), None])[0] for _ in range(5)]
+    b = [sample_rows(probs, [torch.Generator().manual_seed(3), None])[0] for _ in range(5)]
     assert a == b
-    assert sample(torch.tensor([0.0, 0.0, 1.0]), None) == 2
+    assert sample_rows(torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]), [None, None]) == [2, 1]
+
+
+def test_sample_rows_follows_each_row_distribution():
+    """Chi-square over 4000 draws of a batch whose rows differ: each row keeps its own distribution."""
+    rows = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.1, 0.1, 0.7]])
+    counts = torch.zeros(2, 4)
+    torch.manual_seed(0)
+    for _ in range(4000):
+        for row, token in enumerate(sample_rows(rows, [None, None])):
+            counts[row, token] += 1
+    for row in range(2):
+        expected = rows[row] * 4000
+        support = expected > 0
+        assert counts[row, ~support].sum() == 0  # zero-probability tokens never drawn
+        chi2 = float(((counts[row, support] - expected[support]) ** 2 / expected[support]).sum())
+        assert chi2 < 16.3  # 3 degrees of freedom at most, p = 0.001
+
+
+def test_transform_key_groups_rows_that_process_alike():
+    base = SamplingParams(temperature=0.8, top_p=0.9)
+    assert transform_key(base) == transform_key(SamplingParams(temperature=0.8, top_p=0.9, max_tokens=7))
+    assert transform_key(base) != transform_key(SamplingParams(temperature=0.8))
+    assert transform_key(SamplingParams(temperature=0.0)) is None  # greedy: argmax, no distribution
+    assert transform_key(SamplingParams(temperature=0.8, presence_penalty=0.5)) is None  # per-request history
 
 
 # ---------------------------------------------------------------- logprobs
