@@ -49,18 +49,33 @@ def set_policy(engine: LLMEngine, **settings) -> None:
     engine.policy.apply_pending()
 
 
-def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> RunResult:
-    """All prompts at once (continuous batching); wall time until the last one finishes."""
+def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
+               max_in_flight: int | None = None) -> RunResult:
+    """Wall time until the last prompt finishes, under continuous batching.
+
+    ``max_in_flight=None``: every prompt is submitted at once. Otherwise at most that many are in flight, and
+    each finished request is replaced by the next prompt in the same step, as by ``max_in_flight`` clients
+    that each send their next request when the last one completes (vLLM's ``--max-concurrency``).
+    """
+    limit = len(prompts) if max_in_flight is None else max(1, max_in_flight)
+    queue = list(enumerate(prompts))
+    tag = time.monotonic_ns()
+
+    def submit(count: int) -> None:
+        for _ in range(min(count, len(queue))):
+            i, ids = queue.pop(0)
+            engine.add_request(f"bench-{tag}-{i}", ids, params)
+
     start = time.perf_counter()
-    for i, ids in enumerate(prompts):
-        engine.add_request(f"bench-{time.monotonic_ns()}-{i}", ids, params)
+    submit(limit)
     num_tokens = drafted = accepted = 0
     texts: dict[str, str] = {}
     first: dict[str, float] = {}
     tpots = []
     while engine.has_work():
-        for out in engine.step():
-            now = time.perf_counter()
+        outputs = engine.step()
+        now = time.perf_counter()
+        for out in outputs:
             first.setdefault(out.request_id, now)
             texts[out.request_id] = texts.get(out.request_id, "") + out.new_text
             if out.finished:
@@ -69,6 +84,7 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingPara
                 accepted += out.spec.num_accepted_tokens
                 if out.num_output_tokens > 1:
                     tpots.append((now - first[out.request_id]) / (out.num_output_tokens - 1))
+        submit(sum(out.finished for out in outputs))
     if engine.runner.cache.layers[0][0].is_cuda:
         torch.cuda.synchronize()
     return RunResult(time.perf_counter() - start, num_tokens, drafted, accepted, list(texts.values()),

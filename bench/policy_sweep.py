@@ -4,6 +4,15 @@ mean time per output token; the plot shows speed-up vs ``off`` per concurrency.
 
     .venv/bin/python -m bench.policy_sweep [--concurrency 1,2,4,8,16,32] [--new-tokens 48] [--warmup 1]
 
+Concurrency c means c clients, each sending its next request as soon as its last one completes (vLLM's
+``--max-concurrency``): a run serves ``--requests-per-client`` x c requests (at least 4) with at most c in
+flight. Submitting c requests at once and waiting for the last would instead end every run on a tail of
+a few stragglers, which no server with steady traffic sees.
+
+Runs are interleaved in rounds (every policy once per round, so a slow spell of the shared machine hits
+them all), and the ratios are the median over rounds of each round's own ratio: paired, they cancel
+most of the drift between rounds that the ratio of two medians would keep.
+
 Each cell first runs every policy ``--warmup`` times untimed, as any benchmark warms up. For the
 adaptive policy this also stands for the traffic a long-running server has already served: it
 has seen the cell's batch size and temperature before. Its cold runs are kept in the JSON
@@ -13,6 +22,7 @@ has seen the cell's batch size and temperature before. Its cold runs are kept in
 from __future__ import annotations
 
 import argparse
+import statistics
 
 from bench.common import RESULTS, RunResult, make_engine, run_engine, save, set_policy, table
 from bench.prompts import PROSE, code_prompts
@@ -20,7 +30,7 @@ from engine.types import SamplingParams
 
 # adaptive runs first in each round, so its first contact with a cell (the warm-up) is its own: the fixed
 # policies' runs of the cell, which feed the shared acceptance and step-cost estimates, come after it
-MIN_REQUESTS = 4  # requests per run at the lowest concurrencies (in waves)
+MIN_REQUESTS = 4  # requests per run at the lowest concurrencies
 POLICIES = {
     "adaptive": {"mode": "auto"},
     "off": {"mode": "off"},
@@ -36,6 +46,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
     ap.add_argument("--temperatures", default="0,0.7,1.0")
     ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--requests-per-client", type=int, default=2, help="each run serves this many requests per client")
     ap.add_argument("--repeats", type=int, default=3, help="runs per cell and policy; the median is reported")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per cell and policy before the repeats")
     ap.add_argument("--output", default="policy_sweep", help="name of the JSON and PNG in bench/results/")
@@ -44,73 +55,73 @@ def main() -> None:
     args = ap.parse_args()
     engine = make_engine(args.dtype, args.device, max_seq_len=1024, max_running=64, max_num_batched_tokens=2048)
     levels = [int(c) for c in args.concurrency.split(",")]
-    num_texts = max(max(levels), MIN_REQUESTS)
+    num_texts = max(MIN_REQUESTS, args.requests_per_client * max(levels))
     code, prose = code_prompts(num_texts, max_chars=500), PROSE
-    workloads = {"code": code, "prose": [prose[i % len(prose)] for i in range(num_texts)]}
+    workloads = {"code": code, "prose": prose}
     run_engine(engine, [engine.tokenizer.encode("def f(x):")] * 2, SamplingParams(max_tokens=16))  # warm-up
-    rows = []
+    rows, summary = [], []
     for workload, texts in workloads.items():
         for temperature in (float(t) for t in args.temperatures.split(",")):
             for n in levels:
-                # at concurrency < MIN_REQUESTS a run is several waves of n different prompts: one sampled text
-                # alone makes a cell's throughput mostly the luck of that sample's acceptance
-                waves = [[engine.tokenizer.encode(t) for t in texts[w * n: (w + 1) * n]]
-                         for w in range(max(1, MIN_REQUESTS // n))]
+                # at least MIN_REQUESTS different prompts per run: one sampled text alone would make a cell's
+                # throughput mostly the luck of that sample's acceptance
+                num_requests = max(MIN_REQUESTS, args.requests_per_client * n)
+                prompts = [engine.tokenizer.encode(texts[i % len(texts)]) for i in range(num_requests)]
                 # no seed: a seeded sampling request drafts a fixed k under `auto` (reproducibility), so seeds
                 # would turn the adaptive policy into fixed k = 4 at T > 0
                 params = SamplingParams(max_tokens=args.new_tokens, temperature=temperature, ignore_eos=True)
                 cell = {"workload": workload, "temperature": temperature, "concurrency": n}
-                runs: dict[str, list] = {name: [] for name in POLICIES}
-                # interleaved, so a slow spell of the machine hits every policy
+                runs: dict[str, list[RunResult]] = {name: [] for name in POLICIES}
                 for _ in range(args.warmup + args.repeats):
                     for name, settings in POLICIES.items():
                         set_policy(engine, **{"k": 4, **settings})
-                        runs[name].append(combine([run_engine(engine, wave, params) for wave in waves]))
+                        runs[name].append(run_engine(engine, prompts, params, max_in_flight=n))
                 warmups = {name: rs[: args.warmup] for name, rs in runs.items()}
                 runs = {name: rs[args.warmup:] for name, rs in runs.items()}
                 # the median run of each policy: a best-of would favour whichever side has more runs to pick
                 # from, and "best fixed" already picks the best of four policies
                 results = {name: sorted(rs, key=lambda r: r.tokens_per_s)[len(rs) // 2] for name, rs in runs.items()}
-                off = results["off"].tokens_per_s
-                best_fixed = max(r.tokens_per_s for name, r in results.items() if name not in ("off", "adaptive"))
-                adaptive = results["adaptive"].tokens_per_s
                 for name, r in results.items():
                     rows.append({**cell, "policy": name, "tok_s": r.tokens_per_s, "tpot_ms": 1000 * r.tpot,
-                                 "vs_off": r.tokens_per_s / off, "acceptance": round(r.acceptance, 3),
+                                 "vs_off": r.tokens_per_s / results["off"].tokens_per_s,
+                                 "acceptance": round(r.acceptance, 3),
                                  "runs_tok_s": [round(run.tokens_per_s, 1) for run in runs[name]],
                                  "warmup_tok_s": [round(run.tokens_per_s, 1) for run in warmups[name]]})
-                print(f"[{workload} T={temperature} c={n}] off {off:.0f} tok/s, best fixed {best_fixed:.0f}, "
-                      f"adaptive {adaptive:.0f} = {adaptive / best_fixed:.2f}x best fixed, {adaptive / off:.2f}x off",
-                      flush=True)
-    summary = summarize(rows)
+                summary.append(verdict := summarize_cell(cell, runs))
+                print(f"[{workload} T={temperature} c={n}] off {results['off'].tokens_per_s:.0f} tok/s, "
+                      f"best fixed ({verdict['best_fixed']}) {results[verdict['best_fixed']].tokens_per_s:.0f}, "
+                      f"adaptive {results['adaptive'].tokens_per_s:.0f} = {verdict['adaptive_vs_best_fixed']:.2f}x "
+                      f"best fixed, {verdict['adaptive_vs_off']:.2f}x off (paired)", flush=True)
     print(table(rows, ["workload", "temperature", "concurrency", "policy", "tok_s", "tpot_ms", "vs_off", "acceptance"]))
-    print(table(summary, ["workload", "temperature", "concurrency", "adaptive_vs_best_fixed", "adaptive_vs_off"]))
+    print(table(summary, ["workload", "temperature", "concurrency", "best_fixed", "adaptive_vs_best_fixed",
+                          "adaptive_vs_off", "spread"]))
     near_best = sum(c["adaptive_vs_best_fixed"] >= 0.95 for c in summary)
     not_below_off = sum(c["adaptive_vs_off"] >= 1.0 for c in summary)
+    near_off = sum(c["adaptive_vs_off"] >= 0.95 for c in summary)
     cells = len(summary)
-    print(f"adaptive >= 0.95x best fixed in {near_best}/{cells} cells, >= 1.0x off in {not_below_off}/{cells}")
+    geomean = {key: statistics.geometric_mean(c[key] for c in summary)
+               for key in ("adaptive_vs_best_fixed", "adaptive_vs_off")}
+    print(f"adaptive >= 0.95x best fixed in {near_best}/{cells} cells, >= 1.0x off in {not_below_off}/{cells} "
+          f"(>= 0.95x off in {near_off}/{cells}); geomean {geomean['adaptive_vs_best_fixed']:.3f}x best fixed, "
+          f"{geomean['adaptive_vs_off']:.3f}x off")
     path = save(args.output, {"args": vars(args), "rows": rows, "summary": summary})
     plot(rows, args.output)
     print(f"saved {path}")
 
 
-def combine(results: list[RunResult]) -> RunResult:
-    """Consecutive runs as one: tokens and seconds add up."""
-    drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
-    tpot = sum(r.tpot for r in results) / len(results)
-    return RunResult(sum(r.seconds for r in results), sum(r.num_tokens for r in results), drafted, accepted, [], tpot)
+def summarize_cell(cell: dict, runs: dict[str, list[RunResult]]) -> dict:
+    """Adaptive vs off and vs the best fixed policy (highest median), each as the median of paired per-round
+    ratios; ``spread``: the median over policies of (max - min) / median of their runs, the cell's noise."""
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
 
-
-def summarize(rows: list[dict]) -> list[dict]:
-    cells = sorted({(r["workload"], r["temperature"], r["concurrency"]) for r in rows})
-    out = []
-    for cell in cells:
-        sub = {r["policy"]: r["tok_s"] for r in rows if (r["workload"], r["temperature"], r["concurrency"]) == cell}
-        best_fixed = max(v for k, v in sub.items() if k not in ("off", "adaptive"))
-        out.append({"workload": cell[0], "temperature": cell[1], "concurrency": cell[2],
-                    "adaptive_vs_best_fixed": sub["adaptive"] / best_fixed,
-                    "adaptive_vs_off": sub["adaptive"] / sub["off"]})
-    return out
+    rates = {name: [r.tokens_per_s for r in rs] for name, rs in runs.items()}
+    best_fixed = max((name for name in rates if name not in ("off", "adaptive")), key=lambda name: median(rates[name]))
+    paired = {other: median([a / b for a, b in zip(rates["adaptive"], rates[other], strict=True)])
+              for other in ("off", best_fixed)}
+    spread = median([(max(v) - min(v)) / median(v) for v in rates.values()])
+    return {**cell, "best_fixed": best_fixed, "adaptive_vs_best_fixed": paired[best_fixed],
+            "adaptive_vs_off": paired["off"], "spread": spread}
 
 
 def plot(rows: list[dict], output: str) -> None:
