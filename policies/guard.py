@@ -33,8 +33,10 @@ T = 1: draft k = 2 1.2x plain) stayed rejected.
 Both arms must stay measured for the comparison to stay true, so a fraction ``probe_rate`` of the
 decisions takes the other arm (rejected speculation less often the more clearly it lost: a probe of
 it at a large batch first makes the draft model prefill every request, and never in steps shared
-with prefill chunks, which the guard does not measure); a bucket where plain decode was never
-measured takes plain steps at a higher rate until it has ``MIN_SAMPLES`` of them. A bucket where
+with prefill chunks, which the guard does not measure, and which speculate only where speculation
+has a settled winning verdict); a bucket where plain decode was never measured compares speculation
+with the cost model's plain rate instead, and takes plain steps at a higher rate until it has
+``MIN_SAMPLES`` of them. A bucket where
 speculation was never measured starts from the verdicts of the nearest smaller batch size and of the
 nearest lower temperature: if speculation lost there, it is rejected (and probed) here too, since
 extra tokens only get dearer as the batch grows and acceptance only falls as T rises.
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +63,9 @@ ALL_PROPOSERS: frozenset[str] = frozenset(PROPOSERS)
 NO_PROPOSERS: frozenset[str] = frozenset()
 # a speculative step's route -> the proposers it may use; the costlier route first
 ROUTES = {"draft": ALL_PROPOSERS, "ngram": frozenset({"ngram"})}
+
+
+PlainEstimate = Callable[[int], float]  # batch-size bucket -> predicted plain-decode tokens/s
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -94,6 +100,7 @@ class GoodputGuard:
         self._speculative: dict[tuple[int, int, str], _Arm] = {}  # (batch bucket, T bucket, route)
         self._burst_left: dict[tuple[int, int, str], int] = {}  # steps left of a speculative probe burst
         self._probes: dict[tuple[int, int, str], _Arm] = {}  # the speculative steps of a probe, measured afresh
+        self._plain_estimate: PlainEstimate | None = None  # the current question's stand-in for unmeasured plain
 
     def observe(self, timing: StepTiming, temperature: float = 0.0) -> None:
         """Record one decode/verify step (no prefill); speculative iff it fed drafts to the target.
@@ -116,15 +123,18 @@ class GoodputGuard:
             self._speculative[key] = self._probes.pop(key)
 
     def allowed_proposers(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float,
-                          measured: bool = True) -> frozenset[str]:
+                          measured: bool = True, plain_estimate: PlainEstimate | None = None) -> frozenset[str]:
         """The proposers this step may use: both, the n-gram one only (the draft route lost here, n-gram
         speculation did not), or none (plain decode). Asked before planning; ``temperature``: the batch's mean.
 
         ``measured=False`` for a step the guard will not see (it shares the pass with prefill chunks): it
-        follows the verdicts but never probes, since a probe there would teach nothing and would make the
-        draft model prefill the whole batch on top of the target's prefill.
+        speculates only where speculation has a settled winning verdict, and never probes, since a probe there
+        would teach nothing and would make the draft model prefill the whole batch on top of the target's prefill.
+        ``plain_estimate``: plain decode's tokens/s per batch-size bucket as the cost model predicts it, the
+        stand-in for a bucket whose plain steps are not measured yet.
         """
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
+        self._plain_estimate = plain_estimate
         for route, proposers in ROUTES.items():
             decision = self._route_decision((*key, route), rng, probe_rate, measured)
             if decision != "rejected":
@@ -135,10 +145,10 @@ class GoodputGuard:
                         measured: bool) -> str:
         """speculate | plain (a deliberate plain step: it measures the plain arm) | rejected (try a cheaper route)."""
         verdict = self._verdict(*key)
+        if not measured:
+            return "speculate" if verdict == "speculate" else "rejected"
         if verdict is None and not self._easier_settings_reject(*key):
             return "speculate"  # let the plan show what speculation does here
-        if not measured:
-            return "speculate" if verdict in ("speculate", "measure plain") else "rejected"
         if verdict == "measure plain":
             return "plain" if rng.random() < MEASURE_PLAIN_RATE else "speculate"
         if verdict == "speculate":
@@ -155,18 +165,35 @@ class GoodputGuard:
         return "speculate" if left > 0 else "rejected"
 
     def _verdict(self, bucket: int, temperature_key: int, route: str) -> str | None:
-        """speculate | decode plainly | measure plain; None while speculation here is unmeasured."""
-        plain, spec = self._plain.get(bucket), self._speculative.get((bucket, temperature_key, route))
+        """speculate | decode plainly | measure plain; None while speculation here is unmeasured.
+
+        Until plain steps of the bucket are measured, the cost model's plain rate stands in for them: where
+        speculation loses even to that, plain steps follow (and measure the plain arm); where it wins, plain
+        steps are still taken now and then to measure it ("measure plain"). Without the stand-in, a batch size
+        that plain decode never ran at (a batch of 32 whose requests, once speculation desynchronised them,
+        finish one by one) speculated at 90% however badly its speculation did.
+        """
+        spec = self._speculative.get((bucket, temperature_key, route))
         if spec is None or spec.samples < MIN_SPECULATIVE_SAMPLES:
             return None
-        if plain is None or plain.samples < MIN_SAMPLES:
+        plain_rate, plain_measured = self._plain_rate(bucket)
+        if plain_rate is None or (plain_measured is False and spec.rate >= plain_rate * (1.0 + REQUIRED_GAIN)):
             return "measure plain"
-        return "speculate" if spec.rate >= plain.rate * (1.0 + REQUIRED_GAIN) else "decode plainly"
+        return "speculate" if spec.rate >= plain_rate * (1.0 + REQUIRED_GAIN) else "decode plainly"
+
+    def _plain_rate(self, bucket: int) -> tuple[float | None, bool]:
+        """(plain tokens/s of the bucket, whether measured): measured, else the cost model's, else None."""
+        plain = self._plain.get(bucket)
+        if plain is not None and plain.samples >= MIN_SAMPLES:
+            return plain.rate, True
+        estimate = self._plain_estimate(bucket) if self._plain_estimate is not None else None
+        return (estimate if estimate and estimate > 0 else None), False
 
     def _closeness(self, bucket: int, temperature_key: int, route: str) -> float:
         """1 while speculation fell at most 2 x ``REQUIRED_GAIN`` short of its bar, then falling as 1 / shortfall."""
-        plain, spec = self._plain[bucket], self._speculative[(bucket, temperature_key, route)]
-        shortfall = 1.0 + REQUIRED_GAIN - spec.rate / plain.rate if plain.rate > 0 else 0.0
+        plain_rate, _ = self._plain_rate(bucket)
+        spec = self._speculative[(bucket, temperature_key, route)]
+        shortfall = 1.0 + REQUIRED_GAIN - spec.rate / plain_rate if plain_rate else 0.0
         return min(1.0, 2.0 * REQUIRED_GAIN / shortfall) if shortfall > 0 else 1.0
 
     def _easier_settings_reject(self, bucket: int, temperature_key: int, route: str) -> bool:

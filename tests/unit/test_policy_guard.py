@@ -17,7 +17,14 @@ from policies import (
     RequestView,
     StepTiming,
 )
-from policies.guard import MEASURE_PLAIN_RATE, MIN_SPECULATIVE_SAMPLES, PROBE_BURST, GoodputGuard, batch_bucket
+from policies.guard import (
+    ALL_PROPOSERS,
+    MEASURE_PLAIN_RATE,
+    MIN_SPECULATIVE_SAMPLES,
+    PROBE_BURST,
+    GoodputGuard,
+    batch_bucket,
+)
 from policies.simulate import SimCost, simulate
 
 SAMPLES = MIN_SPECULATIVE_SAMPLES  # steps of each arm the tests feed before asking for a verdict
@@ -110,15 +117,36 @@ def test_the_guard_judges_a_ramping_batch_by_its_load() -> None:
     assert all(d.k == 0 for _ in range(20) for d in policy.decide(ramping))
 
 
-def test_steps_shared_with_prefill_follow_the_verdict_but_never_probe() -> None:
+def test_steps_shared_with_prefill_speculate_only_on_a_winning_verdict_and_never_probe() -> None:
     """The guard never measures them, and a probe there would add the draft's prefill of the whole batch."""
     guard = GoodputGuard()
     for _ in range(SAMPLES):
         guard.observe(step(8, False, 8, 0.010))
         guard.observe(step(8, True, 8, 0.0104))  # loses narrowly: probed at the full rate when measured
+        guard.observe(step(2, False, 2, 0.010))
+        guard.observe(step(2, True, 4, 0.010))  # wins at batch 2
     rng = random.Random(0)
     assert not any("draft" in guard.allowed_proposers(8, 0.0, rng, 1.0, measured=False) for _ in range(200))
-    assert guard.allowed_proposers(1, 0.0, rng, 1.0, measured=False)  # untried: the plan decides
+    assert guard.allowed_proposers(2, 0.0, rng, 1.0, measured=False) == ALL_PROPOSERS
+    assert not guard.allowed_proposers(1, 0.0, rng, 1.0, measured=False)  # untried: nothing to learn there
+
+
+def test_unmeasured_plain_decode_is_judged_by_the_cost_model() -> None:
+    """A batch size plain decode never ran at (requests desynchronised by speculation finishing one by one)
+    compares speculation with the predicted plain rate instead of speculating at 1 - MEASURE_PLAIN_RATE."""
+    guard = GoodputGuard()
+    for _ in range(SAMPLES):
+        guard.observe(step(16, True, 16, 0.010))  # speculation at 1600 tokens/s, plain never measured
+    assert allowed_fraction(guard, 16, 0.0) == pytest.approx(1 - MEASURE_PLAIN_RATE, abs=0.03)
+    rng = random.Random(0)
+
+    def fraction(estimate: float) -> float:
+        draws = [guard.allowed_proposers(16, 0.0, rng, 0.0, plain_estimate=lambda bucket: estimate)
+                 for _ in range(2000)]
+        return sum("draft" in allowed for allowed in draws) / len(draws)
+
+    assert fraction(2000.0) == 0.0  # plain predicted faster: plain steps, which then measure it
+    assert fraction(1200.0) == pytest.approx(1 - MEASURE_PLAIN_RATE, abs=0.03)  # speculation wins: keep measuring
 
 
 def test_guard_rescues_a_cost_model_that_misses_padded_attention() -> None:
