@@ -36,10 +36,10 @@ it at a large batch first makes the draft model prefill every request, and never
 with prefill chunks, which the guard does not measure, and which speculate only where speculation
 has a settled winning verdict); a bucket where plain decode was never measured compares speculation
 with the cost model's plain rate instead, and takes plain steps at a higher rate until it has
-``MIN_SAMPLES`` of them. A bucket where
-speculation was never measured starts from the verdicts of the nearest smaller batch size and of the
-nearest lower temperature: if speculation lost there, it is rejected (and probed) here too, since
-extra tokens only get dearer as the batch grows and acceptance only falls as T rises.
+``MIN_SAMPLES`` of them. A bucket where speculation was never measured starts from the verdicts of
+the nearest smaller batch size and of the nearest lower temperature: if speculation lost there, it is
+rejected (and probed) here too, since extra tokens only get dearer as the batch grows and acceptance
+only falls as T rises.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ class GoodputGuard:
         if spec is None or spec.samples < MIN_SPECULATIVE_SAMPLES:
             return None
         plain_rate, plain_measured = self._plain_rate(bucket)
-        if plain_rate is None or (plain_measured is False and spec.rate >= plain_rate * (1.0 + REQUIRED_GAIN)):
+        if plain_rate is None or (not plain_measured and spec.rate >= plain_rate * (1.0 + REQUIRED_GAIN)):
             return "measure plain"
         return "speculate" if spec.rate >= plain_rate * (1.0 + REQUIRED_GAIN) else "decode plainly"
 
