@@ -80,13 +80,7 @@ class AdaptivePolicy(LearningPolicy):
         if not settings.goodput_guard:
             return ALL_PROPOSERS
         return self.guard.allowed_proposers(batch_size, self.batch_temperature, self._rng,
-                                            settings.guard_probe_rate, measured, self._plain_rate_estimate)
-
-    def _plain_rate_estimate(self, bucket: int) -> float:
-        """Plain decode's tokens/s at the largest batch size of a guard bucket, as the cost model predicts it
-        (the largest: plain's best rate in the bucket, so speculation is not credited with the bucket's spread)."""
-        batch_size = 2**bucket
-        return batch_size / self.cost_model.predict_step(batch_size, batch_size)
+                                            settings.guard_probe_rate, measured)
 
     def _candidate(self, view: RequestView, allowed: frozenset[str]) -> Candidate:
         """The request's options: which proposers it may use this step, their alphas, and the k cap."""

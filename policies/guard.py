@@ -95,12 +95,14 @@ class GoodputGuard:
     bucket, temperature bucket (acceptance, so what speculation yields, falls as T rises; plain decode
     costs the same at any T) and route (draft model or n-gram lookups only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, plain_estimate: PlainEstimate | None = None) -> None:
+        """``plain_estimate``: plain decode's tokens/s per batch-size bucket as the cost model predicts it, the
+        stand-in for a bucket whose plain steps are not measured yet (`LearnedState` wires in its cost model)."""
+        self.plain_estimate = plain_estimate
         self._plain: dict[int, _Arm] = {}
         self._speculative: dict[tuple[int, int, str], _Arm] = {}  # (batch bucket, T bucket, route)
         self._burst_left: dict[tuple[int, int, str], int] = {}  # steps left of a speculative probe burst
         self._probes: dict[tuple[int, int, str], _Arm] = {}  # the speculative steps of a probe, measured afresh
-        self._plain_estimate: PlainEstimate | None = None  # the current question's stand-in for unmeasured plain
 
     def observe(self, timing: StepTiming, temperature: float = 0.0) -> None:
         """Record one decode/verify step (no prefill); speculative iff it fed drafts to the target.
@@ -123,18 +125,15 @@ class GoodputGuard:
             self._speculative[key] = self._probes.pop(key)
 
     def allowed_proposers(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float,
-                          measured: bool = True, plain_estimate: PlainEstimate | None = None) -> frozenset[str]:
+                          measured: bool = True) -> frozenset[str]:
         """The proposers this step may use: both, the n-gram one only (the draft route lost here, n-gram
         speculation did not), or none (plain decode). Asked before planning; ``temperature``: the batch's mean.
 
         ``measured=False`` for a step the guard will not see (it shares the pass with prefill chunks): it
         speculates only where speculation has a settled winning verdict, and never probes, since a probe there
         would teach nothing and would make the draft model prefill the whole batch on top of the target's prefill.
-        ``plain_estimate``: plain decode's tokens/s per batch-size bucket as the cost model predicts it, the
-        stand-in for a bucket whose plain steps are not measured yet.
         """
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
-        self._plain_estimate = plain_estimate
         for route, proposers in ROUTES.items():
             decision = self._route_decision((*key, route), rng, probe_rate, measured)
             if decision != "rejected":
@@ -186,7 +185,7 @@ class GoodputGuard:
         plain = self._plain.get(bucket)
         if plain is not None and plain.samples >= MIN_SAMPLES:
             return plain.rate, True
-        estimate = self._plain_estimate(bucket) if self._plain_estimate is not None else None
+        estimate = self.plain_estimate(bucket) if self.plain_estimate is not None else None
         return (estimate if estimate and estimate > 0 else None), False
 
     def _closeness(self, bucket: int, temperature_key: int, route: str) -> float:

@@ -24,6 +24,16 @@ class LearnedState:
     cost_model: CostModel = field(default_factory=CostModel)
     guard: GoodputGuard = field(default_factory=GoodputGuard)
 
+    def __post_init__(self) -> None:
+        if self.guard.plain_estimate is None:
+            self.guard.plain_estimate = self.predicted_plain_rate
+
+    def predicted_plain_rate(self, bucket: int) -> float:
+        """Plain decode's tokens/s at the largest batch size of a guard bucket, as the cost model predicts it
+        (the largest: plain's best rate in the bucket, so speculation is not credited with the bucket's spread)."""
+        batch_size = 2**bucket
+        return batch_size / self.cost_model.predict_step(batch_size, batch_size)
+
 
 class LearningPolicy:
     """Base of the concrete policies: holds settings and the shared learned state; subclasses decide."""

@@ -141,8 +141,8 @@ def test_unmeasured_plain_decode_is_judged_by_the_cost_model() -> None:
     rng = random.Random(0)
 
     def fraction(estimate: float) -> float:
-        draws = [guard.allowed_proposers(16, 0.0, rng, 0.0, plain_estimate=lambda bucket: estimate)
-                 for _ in range(2000)]
+        guard.plain_estimate = lambda bucket: estimate
+        draws = [guard.allowed_proposers(16, 0.0, rng, 0.0) for _ in range(2000)]
         return sum("draft" in allowed for allowed in draws) / len(draws)
 
     assert fraction(2000.0) == 0.0  # plain predicted faster: plain steps, which then measure it
@@ -276,3 +276,11 @@ def test_a_probe_measures_speculation_afresh() -> None:
     for _ in range(SAMPLES):
         guard.observe(step(4, True, 10, 0.016))  # speculation now: 625 tokens/s
     assert allowed_fraction(guard, 4, 0.0) == 1.0
+
+
+def test_learned_state_gives_the_guard_the_cost_model_plain_rate() -> None:
+    learned = LearnedState()
+    for _ in range(8):
+        learned.cost_model.observe(step(16, False, 16, 0.010))
+    assert learned.guard.plain_estimate is not None
+    assert learned.guard.plain_estimate(4) == pytest.approx(1600, rel=0.05)  # bucket 4 = batch 16: 16 / 10 ms
