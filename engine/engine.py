@@ -25,7 +25,7 @@ from engine.request import Request, RequestStatus
 from engine.sampler import greedy_tokens, position_counts, processed_probs, token_logprobs, transform_key
 from engine.scheduler import Scheduler
 from engine.spec_decode.proposer import Draft, build_proposers
-from engine.spec_decode.rejection_sampler import VerifyResult, verify_greedy_batch, verify_sampled
+from engine.spec_decode.rejection_sampler import VerifyResult, verify_greedy_batch, verify_sampled, verify_sampled_batch
 from engine.spec_decode.stats import SpecDecodeStats
 from engine.types import EngineHealth, FinishReason, RequestOutput, SamplingParams
 from policies import BatchView, Decision, PolicyController, PolicySettings, RequestView, RoundOutcome, StepTiming
@@ -239,41 +239,49 @@ class LLMEngine:
         return draft_seconds, num_draft_requests
 
     def _verify(self, plans: list[Planned], logits: list[torch.Tensor]) -> list[VerifyResult]:
-        results: list[VerifyResult | None] = [None] * len(plans)
+        """Greedy requests are verified together, then sampling requests together; results in plan order."""
         greedy = [i for i, p in enumerate(plans) if p.request.params.greedy]
-        if greedy:
-            drafts = [plans[i].draft_tokens for i in greedy]
-            targets = self._greedy_targets([plans[i] for i in greedy], [logits[i] for i in greedy])
-            width = max(map(len, drafts))
-            for i, result in zip(greedy, verify_greedy_batch(
-                    torch.tensor([t + [0] * (width + 1 - len(t)) for t in targets]),
-                    torch.tensor([d + [0] * (width - len(d)) for d in drafts], dtype=torch.long),
-                    torch.tensor([len(d) for d in drafts]))):
-                results[i] = result
-        sampled = [i for i in range(len(plans)) if results[i] is None]
-        for i, p in zip(sampled, self._target_probs([plans[i].request for i in sampled], [logits[i] for i in sampled],
-                                                     [plans[i].draft_tokens for i in sampled])):
-            r, toks, q = plans[i].request, plans[i].draft_tokens, plans[i].draft.probs if plans[i].draft else None
-            results[i] = verify_sampled(p, torch.tensor(toks, dtype=torch.long, device=p.device), q, r.generator)
+        sampled = [i for i, p in enumerate(plans) if not p.request.params.greedy]
+        results: list[VerifyResult | None] = [None] * len(plans)
+        for indices, verify in ((greedy, self._verify_greedy), (sampled, self._verify_sampled)):
+            if indices:
+                for i, result in zip(indices, verify([plans[i] for i in indices], [logits[i] for i in indices])):
+                    results[i] = result
         return results  # type: ignore[return-value]
 
+    def _verify_greedy(self, plans: list[Planned], logits: list[torch.Tensor]) -> list[VerifyResult]:
+        drafts = [p.draft_tokens for p in plans]
+        targets = self._greedy_targets(plans, logits)
+        width = max(map(len, drafts))
+        return verify_greedy_batch(torch.tensor([t + [0] * (width + 1 - len(t)) for t in targets]),
+                                   torch.tensor([d + [0] * (width - len(d)) for d in drafts], dtype=torch.long),
+                                   torch.tensor([len(d) for d in drafts]))
+
+    def _verify_sampled(self, plans: list[Planned], logits: list[torch.Tensor]) -> list[VerifyResult]:
+        drafts = [p.draft_tokens for p in plans]
+        return verify_sampled_batch(self._target_probs([p.request for p in plans], logits, drafts), drafts,
+                                    [p.draft.probs if p.draft else None for p in plans],
+                                    [p.request.generator for p in plans])
+
     def _target_probs(self, requests: list[Request], logits: list[torch.Tensor],
-                      drafts: list[list[int]]) -> list[torch.Tensor]:
-        """Each sampling request's processed target distributions; requests whose transforms match go through
-        `processed_probs` as one batch (per request, its dozen small ops cost more than the rows)."""
-        out: list[torch.Tensor | None] = [None] * len(requests)
+                      drafts: list[list[int]]) -> torch.Tensor:  # [rows, vocab], request after request
+        """Every sampling request's processed target distributions, stacked; requests whose transforms match go
+        through `processed_probs` as one batch (per request, its dozen small ops cost more than the rows)."""
+        pieces: list[torch.Tensor | None] = [None] * len(requests)
         groups: dict[tuple, list[int]] = {}
         for j, request in enumerate(requests):
             key = transform_key(request.params)
             if key is None:  # penalties: each position counts the drafts before it
-                out[j] = processed_probs(logits[j], request.params, self._counts(request, drafts[j]))
+                pieces[j] = processed_probs(logits[j], request.params, self._counts(request, drafts[j]))
             else:
                 groups.setdefault(key, []).append(j)
         for group in groups.values():
             probs = processed_probs(torch.cat([logits[j] for j in group]), requests[group[0]].params, None)
+            if len(group) == len(requests):  # the usual case: one transform for all, already in order
+                return probs
             for j, rows in zip(group, probs.split([logits[j].shape[0] for j in group])):
-                out[j] = rows
-        return out  # type: ignore[return-value]
+                pieces[j] = rows
+        return torch.cat(pieces)  # type: ignore[arg-type]
 
     def _greedy_targets(self, plans: list[Planned], logits: list[torch.Tensor]) -> list[list[int]]:
         """The target's argmax at every verified position of each plan; one argmax for the whole batch

@@ -72,7 +72,19 @@ def verify_sampled(
     draft_probs: torch.Tensor | None,  # [k, vocab] float: processed draft distribution q; None = deterministic
     generator: torch.Generator | None,  # on target_probs.device; None = torch's global generator
 ) -> VerifyResult:
-    """Speculative sampling for one request: the output is distributed exactly as sampling from ``p``.
+    """Speculative sampling for one request: `verify_sampled_batch` with a batch of one."""
+    if draft_token_ids.dim() != 1:
+        raise ValueError(f"draft_token_ids must be 1-D [k]; got shape {tuple(draft_token_ids.shape)}")
+    return verify_sampled_batch(target_probs, [draft_token_ids.tolist()], [draft_probs], [generator])[0]
+
+
+def verify_sampled_batch(
+    target_probs: torch.Tensor,  # [rows, vocab] float: each request's k_i + 1 rows of p, request after request
+    draft_token_ids: list[list[int]],  # per request: the drafted tokens t_0 .. t_{k_i - 1}
+    draft_probs: list[torch.Tensor | None],  # per request [k_i, vocab]: draft distribution q; None = deterministic
+    generators: list[torch.Generator | None],  # per request, on the target's device; None = the global generator
+) -> list[VerifyResult]:
+    """Speculative sampling for a batch: each request's output is distributed exactly as sampling from its ``p``.
 
     ``p`` (and ``q``) must be the distributions the tokens are actually sampled from: after temperature, top-k,
     top-p, min-p and penalties. Rows need not be exactly normalised, but each must be finite with positive mass.
@@ -86,47 +98,107 @@ def verify_sampled(
       recovered token is sampled from ``p_n`` with ``t_n``'s mass removed.
     - If all ``k`` drafts are accepted, the bonus is sampled from ``p_k``; ``k == 0`` just samples from ``p_0``.
 
-    Randomness: exactly ``k + 1`` float64 uniforms from one ``torch.rand`` call on ``generator``, the first ``k``
-    for the acceptance tests and the last for the recovered-or-bonus token (inverse-CDF sampling), so a seed fixes
-    the result and every call advances the generator by the same amount whatever happens.
+    Randomness: a request with a generator draws exactly ``k + 1`` float64 uniforms from one ``torch.rand`` call
+    on it, the first ``k`` for the acceptance tests and the last for the recovered-or-bonus token (inverse-CDF
+    sampling), so a seed fixes the result and every call advances the generator by the same amount whatever
+    happens. The other requests share one draw from the global generator.
+
+    Cost: the acceptance tests need only ``p_i(t_i)``, ``q_i(t_i)`` and ``u_i``, a few numbers per request, so they
+    are read to the host once and run in Python; the vocabulary-wide work (residual, sampling) is one tensor op
+    per stage for the whole batch. Per request, the same ops would cost ~100 us of CPU op overhead each.
     """
-    num_draft = draft_token_ids.shape[0]
-    _check_sampled_shapes(target_probs, draft_token_ids, draft_probs)
-    p = _as_float(target_probs)  # [k + 1, vocab]
-    uniforms = torch.rand(num_draft + 1, generator=generator, device=p.device, dtype=torch.float64)  # [k + 1]
-    if num_draft == 0:
-        token = sample_inverse_cdf(p[0], uniforms[:1])  # [1]
-        return VerifyResult(token_ids=[_checked_token(int(token.item()), p.shape[1])], num_accepted=0)
+    num_drafts = [len(d) for d in draft_token_ids]
+    starts = _check_sampled_shapes(target_probs, num_drafts, draft_probs)  # request i's first row of p
+    p = _as_float(target_probs)
+    device, vocab = p.device, p.shape[1]
+    uniforms = _uniforms(num_drafts, starts, generators, device)  # [rows] float64, aligned with the rows of p
+    with_q = [q for q, k in zip(draft_probs, num_drafts) if q is not None and k]
+    q = torch.cat([_as_float(q_i).to(device) for q_i in with_q]) if with_q else None  # [drafts with q, vocab]
 
-    drafts = draft_token_ids.to(device=p.device, dtype=torch.long)  # [k]
-    p_draft = p[:num_draft].gather(1, drafts.unsqueeze(1)).squeeze(1)  # [k]: p_i(t_i)
-    q = None if draft_probs is None else _as_float(draft_probs).to(p.device)  # [k, vocab]
-    q_draft = torch.ones_like(p_draft) if q is None else q.gather(1, drafts.unsqueeze(1)).squeeze(1)  # [k]
-    accepted = uniforms[:num_draft] * q_draft < p_draft  # [k]
-    num_accepted = accepted.long().cumprod(dim=0).sum().view(1)  # [1]: index of the first rejection, or k
+    draft_rows = [start + j for start, k in zip(starts, num_drafts) for j in range(k)]
+    num_accepted = list(num_drafts)
+    if draft_rows:
+        rows = torch.tensor(draft_rows, device=device)  # [drafts]
+        tokens = torch.tensor([t for d in draft_token_ids for t in d], device=device)  # [drafts]
+        p_draft, u_draft = p[rows, tokens].tolist(), uniforms.index_select(0, rows).tolist()
+        q_draft = [] if q is None else q[torch.arange(q.shape[0], device=device), _tokens_with_q(
+            draft_token_ids, draft_probs, device)].tolist()
+        num_accepted = _accepted_prefixes(num_drafts, [q_i is not None for q_i in draft_probs], p_draft, q_draft,
+                                          u_draft)
 
-    # The final token comes from row n = num_accepted: the residual p_n - q_n on a rejection, p_k for the bonus.
-    # Everything stays on the device (no .item()), so the only sync is the .tolist() at the end.
-    p_row = p.index_select(0, num_accepted).squeeze(0)  # [vocab]
-    draft_row = num_accepted.clamp(max=num_draft - 1)  # [1]: a valid row of q even when n == k
-    if q is None:
-        q_row = torch.zeros_like(p_row).scatter_(0, drafts.index_select(0, draft_row), 1.0)  # [vocab]: one_hot(t_n)
-    else:
-        q_row = q.index_select(0, draft_row).squeeze(0)  # [vocab]
-    is_rejection = num_accepted < num_draft  # [1]: False for the bonus, which samples from p_k itself
-    residual = (p_row - q_row * is_rejection).clamp_(min=0.0)  # [vocab]
+    # The final token comes from row n: the residual p_n - q_n on a rejection, p_k itself for the bonus.
     # A rejection whose residual has no positive mass can only happen when p_n <= q_n everywhere, i.e. (for
     # normalised rows) p_n == q_n up to rounding. Then the true acceptance probability of every token q can draw
-    # is 1, the rejection itself was a rounding artefact of probability ~eps, and the exact residual is
-    # undefined (0/0). Sampling from p_n instead is the natural choice: it is the distribution we must match, it
-    # always has positive mass, and the error it introduces is bounded by the ~eps rejection mass.
-    has_residual = residual.sum() > 0  # [] bool
-    final_dist = torch.where(has_residual, residual, p_row)  # [vocab]
-    final_token = sample_inverse_cdf(final_dist, uniforms[num_draft:])  # [1]
+    # is 1, the rejection itself was a rounding artefact of probability ~eps, and the exact residual is undefined
+    # (0/0). Sampling from p_n instead is the natural choice: it is the distribution we must match, it always has
+    # positive mass, and the error it introduces is bounded by the ~eps rejection mass.
+    final_rows = [start + n for start, n in zip(starts, num_accepted)]
+    p_row = p.index_select(0, torch.tensor(final_rows, device=device))  # [batch, vocab]
+    residual = p_row - _rejected_proposals(p_row, q, draft_token_ids, draft_probs, num_accepted)  # [batch, vocab]
+    residual.clamp_(min=0.0)
+    final_dist = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, p_row)  # [batch, vocab]
+    final_uniforms = uniforms.index_select(0, torch.tensor([s + k for s, k in zip(starts, num_drafts)], device=device))
+    final_tokens = sample_inverse_cdf(final_dist, final_uniforms).tolist()  # [batch]
+    return [VerifyResult(token_ids=drafts[:n] + [_checked_token(token, vocab)], num_accepted=n)
+            for drafts, n, token in zip(draft_token_ids, num_accepted, final_tokens)]
 
-    out = torch.cat([num_accepted, final_token, drafts]).tolist()
-    n = out[0]
-    return VerifyResult(token_ids=out[2 : 2 + n] + [_checked_token(out[1], p.shape[1])], num_accepted=n)
+
+def _accepted_prefixes(num_drafts: list[int], has_q: list[bool], p_draft: list[float], q_draft: list[float],
+                       u_draft: list[float]) -> list[int]:
+    """Per request, the number of drafts accepted before the first failed test ``u * q(t) < p(t)``.
+
+    Python floats are doubles: the test is the float64 one a tensor version would compute."""
+    out, offset, q_offset = [], 0, 0
+    for k, with_q in zip(num_drafts, has_q):
+        n = 0
+        while n < k:
+            q_t = q_draft[q_offset + n] if with_q else 1.0
+            if not u_draft[offset + n] * q_t < p_draft[offset + n]:
+                break
+            n += 1
+        out.append(n)
+        offset += k
+        q_offset += k if with_q else 0
+    return out
+
+
+def _tokens_with_q(draft_token_ids: list[list[int]], draft_probs: list[torch.Tensor | None],
+                   device: torch.device) -> torch.Tensor:  # [drafts with q]
+    return torch.tensor([t for d, q in zip(draft_token_ids, draft_probs) if q is not None for t in d], device=device)
+
+
+def _rejected_proposals(p_row: torch.Tensor,  # [batch, vocab]
+                        q: torch.Tensor | None,  # [drafts with q, vocab]
+                        draft_token_ids: list[list[int]], draft_probs: list[torch.Tensor | None],
+                        num_accepted: list[int]) -> torch.Tensor:  # [batch, vocab]
+    """``q_n`` for each request whose draft ``t_n`` was rejected: the draft model's row, or one_hot(t_n) for a
+    deterministic proposal; zero for the bonus, which samples from ``p_k`` itself."""
+    q_row = torch.zeros_like(p_row)
+    q_index, q_batch, hot_batch, hot_token = [], [], [], []
+    offset = 0
+    for i, (drafts, q_i, n) in enumerate(zip(draft_token_ids, draft_probs, num_accepted)):
+        if n < len(drafts) and q_i is not None:
+            q_batch.append(i)
+            q_index.append(offset + n)
+        elif n < len(drafts):
+            hot_batch.append(i)
+            hot_token.append(drafts[n])
+        offset += len(drafts) if q_i is not None else 0
+    if q_batch:
+        q_row[q_batch] = q.index_select(0, torch.tensor(q_index, device=p_row.device)).to(p_row.dtype)  # type: ignore[union-attr]
+    if hot_batch:
+        q_row[hot_batch, hot_token] = 1.0
+    return q_row
+
+
+def _uniforms(num_drafts: list[int], starts: list[int], generators: list[torch.Generator | None],
+              device: torch.device) -> torch.Tensor:  # [rows] float64
+    """``k_i + 1`` uniforms per request; a request with a generator draws all of its own in one call."""
+    uniforms = torch.rand(sum(num_drafts) + len(num_drafts), device=device, dtype=torch.float64)
+    for k, start, generator in zip(num_drafts, starts, generators):
+        if generator is not None:
+            uniforms[start : start + k + 1] = torch.rand(k + 1, generator=generator, device=device, dtype=torch.float64)
+    return uniforms
 
 
 def _checked_token(token_id: int, vocab_size: int) -> int:
@@ -142,16 +214,20 @@ def _as_float(probs: torch.Tensor) -> torch.Tensor:
 
 
 def _check_sampled_shapes(
-    target_probs: torch.Tensor,  # [k + 1, vocab]
-    draft_token_ids: torch.Tensor,  # [k]
-    draft_probs: torch.Tensor | None,  # [k, vocab]
-) -> None:
-    if draft_token_ids.dim() != 1:
-        raise ValueError(f"draft_token_ids must be 1-D [k]; got shape {tuple(draft_token_ids.shape)}")
-    num_draft = draft_token_ids.shape[0]
-    if target_probs.dim() != 2 or target_probs.shape[0] != num_draft + 1:
-        raise ValueError(f"target_probs must have shape [{num_draft + 1}, vocab]; got {tuple(target_probs.shape)}")
-    if draft_probs is not None and tuple(draft_probs.shape) != (num_draft, target_probs.shape[1]):
-        raise ValueError(
-            f"draft_probs must have shape {(num_draft, target_probs.shape[1])}; got {tuple(draft_probs.shape)}"
-        )
+    target_probs: torch.Tensor,  # [rows, vocab]
+    num_drafts: list[int],
+    draft_probs: list[torch.Tensor | None],  # per request [k_i, vocab]
+) -> list[int]:  # each request's first row
+    """Returns where each request's rows start; raises on shapes that do not fit together."""
+    if len(draft_probs) != len(num_drafts):
+        raise ValueError(f"{len(num_drafts)} draft lists but {len(draft_probs)} draft_probs")
+    num_rows = sum(num_drafts) + len(num_drafts)
+    if target_probs.dim() != 2 or target_probs.shape[0] != num_rows:
+        raise ValueError(f"target_probs must have shape [{num_rows}, vocab]; got {tuple(target_probs.shape)}")
+    for k, q in zip(num_drafts, draft_probs):
+        if q is not None and tuple(q.shape) != (k, target_probs.shape[1]):
+            raise ValueError(f"draft_probs must have shape {(k, target_probs.shape[1])}; got {tuple(q.shape)}")
+    starts = [0]
+    for k in num_drafts[:-1]:
+        starts.append(starts[-1] + k + 1)
+    return starts

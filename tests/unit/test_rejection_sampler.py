@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from engine.spec_decode.rejection_sampler import VerifyResult, verify_greedy_batch, verify_sampled
+from engine.spec_decode.rejection_sampler import VerifyResult, verify_greedy_batch, verify_sampled, verify_sampled_batch
 
 VOCAB = 10
 NUM_DRAWS = 4000
@@ -305,3 +305,20 @@ def test_target_row_without_mass_is_an_error_not_a_token():
         verify_sampled(torch.zeros(1, 4), torch.zeros(0, dtype=torch.long), None, seeded())
     with pytest.raises(ValueError, match="positive"):
         verify_sampled(torch.tensor([[0.0, 1.0], [0.0, 0.0]]), torch.tensor([1]), None, seeded())
+
+
+def test_batch_matches_one_request_at_a_time():
+    """Mixed batch (draft-model and deterministic proposals, k = 0..3): each seeded request gets the result it
+    gets alone, so batching changes neither the distribution nor what a seed reproduces."""
+    vocab = 6
+    g = seeded(11)
+    requests = []
+    for k, with_q in [(2, True), (0, False), (3, False), (1, True), (0, True), (3, True)]:
+        p = torch.softmax(torch.randn(k + 1, vocab, generator=g), dim=-1)
+        q = torch.softmax(torch.randn(k, vocab, generator=g), dim=-1) if with_q else None
+        requests.append((p, torch.randint(0, vocab, (k,), generator=g), q))
+    for seed in range(40):
+        alone = [verify_sampled(p, d, q, seeded(seed * 10 + i)) for i, (p, d, q) in enumerate(requests)]
+        batched = verify_sampled_batch(torch.cat([p for p, _, _ in requests]), [d.tolist() for _, d, _ in requests],
+                                       [q for _, _, q in requests], [seeded(seed * 10 + i) for i in range(6)])
+        assert batched == alone
