@@ -49,9 +49,10 @@ def set_policy(engine: LLMEngine, **settings) -> None:
     engine.policy.apply_pending()
 
 
-def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
+def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                max_in_flight: int | None = None) -> RunResult:
-    """Wall time until the last prompt finishes, under continuous batching.
+    """Wall time until the last prompt finishes, under continuous batching; ``params`` is one for all prompts
+    or one per prompt.
 
     ``max_in_flight=None``: every prompt is submitted at once. Otherwise at most that many are in flight, and
     each finished request is replaced by the next prompt in the same step, as by ``max_in_flight`` clients
@@ -64,7 +65,7 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingPara
     def submit(count: int) -> None:
         for _ in range(min(count, len(queue))):
             i, ids = queue.pop(0)
-            engine.add_request(f"bench-{tag}-{i}", ids, params)
+            engine.add_request(f"bench-{tag}-{i}", ids, params[i] if isinstance(params, list) else params)
 
     start = time.perf_counter()
     submit(limit)

@@ -9,6 +9,12 @@ Concurrency c means c clients, each sending its next request as soon as its last
 flight. Submitting c requests at once and waiting for the last would instead end every run on a tail of
 a few stragglers, which no server with steady traffic sees.
 
+Output lengths vary as in real traffic: request i asks for a max_tokens drawn (the same for every policy)
+from ``--new-tokens`` x [1 - spread, 1 + spread]. With one length for all, plain decode would finish
+every wave of requests in the same step while speculation, which advances requests by different
+amounts, would end each run draining through small batches: a lockstep no server's traffic has.
+``--length-spread 0`` restores equal lengths.
+
 Runs are interleaved in rounds (every policy once per round, so a slow spell of the shared machine hits
 them all), and the ratios are the median over rounds of each round's own ratio: paired, they cancel
 most of the drift between rounds that the ratio of two medians would keep.
@@ -22,6 +28,7 @@ has seen the cell's batch size and temperature before. Its cold runs are kept in
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 
 from bench.common import RESULTS, RunResult, make_engine, run_engine, save, set_policy, table
@@ -45,7 +52,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
     ap.add_argument("--temperatures", default="0,0.7,1.0")
-    ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--new-tokens", type=int, default=48, help="mean max_tokens of the requests")
+    ap.add_argument("--length-spread", type=float, default=0.5,
+                    help="max_tokens spread uniformly over new-tokens x [1 - spread, 1 + spread]")
     ap.add_argument("--requests-per-client", type=int, default=2, help="each run serves this many requests per client")
     ap.add_argument("--repeats", type=int, default=3, help="runs per cell and policy; the median is reported")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per cell and policy before the repeats")
@@ -69,7 +78,8 @@ def main() -> None:
                 prompts = [engine.tokenizer.encode(texts[i % len(texts)]) for i in range(num_requests)]
                 # no seed: a seeded sampling request drafts a fixed k under `auto` (reproducibility), so seeds
                 # would turn the adaptive policy into fixed k = 4 at T > 0
-                params = SamplingParams(max_tokens=args.new_tokens, temperature=temperature, ignore_eos=True)
+                params = [SamplingParams(max_tokens=length, temperature=temperature, ignore_eos=True)
+                          for length in output_lengths(num_requests, args.new_tokens, args.length_spread)]
                 cell = {"workload": workload, "temperature": temperature, "concurrency": n}
                 runs: dict[str, list[RunResult]] = {name: [] for name in POLICIES}
                 for _ in range(args.warmup + args.repeats):
@@ -107,6 +117,17 @@ def main() -> None:
     path = save(args.output, {"args": vars(args), "rows": rows, "summary": summary})
     plot(rows, args.output)
     print(f"saved {path}")
+
+
+def output_lengths(num_requests: int, mean: int, spread: float) -> list[int]:
+    """Evenly spaced over mean x [1 - spread, 1 + spread], in a fixed shuffled order (the same in every run)."""
+    if not 0.0 <= spread < 1.0:
+        raise SystemExit("--length-spread must be in [0, 1)")
+    low, high = mean * (1.0 - spread), mean * (1.0 + spread)
+    step = (high - low) / max(1, num_requests - 1)
+    lengths = [max(1, round(low + i * step)) for i in range(num_requests)]
+    random.Random(0).shuffle(lengths)
+    return lengths
 
 
 def summarize_cell(cell: dict, runs: dict[str, list[RunResult]]) -> dict:

@@ -1,10 +1,15 @@
 """An online model of what one engine step costs, fitted from measured `StepTiming`s.
 
-target step:  seconds = a + b * batch_size + c * num_tokens
-draft model:  seconds = num_passes * (d + e * num_draft_requests)
+target step:  seconds = a + b * batch_size + c * num_tokens + g * [the step verifies drafts]
+draft model:  seconds = f + num_passes * (d + e * num_draft_requests)
 
 The draft runs one sequential forward pass per drafted position for all of its users at once, so its
-time grows with the largest k among them, not with the sum. Fits are ridge regressions over a window
+time grows with the largest k among them, not with the sum. ``g`` and ``f`` are what a step pays for
+speculating at all, whatever k: verification attends over multi-token queries (a separate attention
+group from the decoding requests) and samples against the drafts; a draft round first catches up on the
+last round's tokens. Measured on CPU at batch 1 they are ~10% of a step while one more draft token
+costs ~1%; folded into the per-token terms, they made k = 1 look cheap and k = 4 dear, the reverse of
+what the clock said. Fits are ridge regressions over a window
 of recent steps (512), pulled towards a prior scaled to the measured level: the relative defaults at
 first, later the last values the data determined well. Directions the window does not determine (e.g.
 b vs c while every step feeds one token per request) stay at the prior instead of swinging to
@@ -14,7 +19,7 @@ nonsense, and negative coefficients are clamped to zero.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -25,7 +30,7 @@ from policies.base import StepTiming
 # (memory-bound), and one draft forward pass costs ~0.2 of a target step.
 # Unidentified cost (every step feeding one token per request makes b and c inseparable) is put mostly on
 # c, the per-token cost: that errs towards plain decode, the choice that cannot lose.
-DEFAULT_VERIFY = (0.010, 2e-5, 1e-4)
+DEFAULT_VERIFY = (0.010, 2e-5, 1e-4, 0.0)
 DRAFT_RELATIVE_COST = 0.2
 MIN_SECONDS = 1e-6
 PRIOR_PSEUDO_OBSERVATIONS = 2.0  # the defaults weigh as much as this many observations' spread
@@ -48,17 +53,21 @@ class CostCoefficients:
     c: float  # seconds per token fed to the target
     d: float  # seconds per draft forward pass
     e: float  # seconds per draft request per pass
+    f: float = 0.0  # seconds per draft round (any k)
+    g: float = 0.0  # seconds a target step adds when it verifies drafts (any k)
 
-    def target_seconds(self, batch_size: int, num_tokens: int) -> float:
-        return max(MIN_SECONDS, self.a + self.b * batch_size + self.c * num_tokens)
+    def target_seconds(self, batch_size: int, num_tokens: int, verifies: bool = False) -> float:
+        return max(MIN_SECONDS, self.a + self.b * batch_size + self.c * num_tokens + (self.g if verifies else 0.0))
 
     def draft_seconds(self, plan: DraftPlan | None) -> float:
         if plan is None or plan.num_passes <= 0 or plan.num_requests <= 0:
             return 0.0
-        return plan.num_passes * (self.d + self.e * plan.num_requests)
+        return self.f + plan.num_passes * (self.d + self.e * plan.num_requests)
 
-    def step_seconds(self, batch_size: int, num_tokens: int, plan: DraftPlan | None = None) -> float:
-        return self.target_seconds(batch_size, num_tokens) + self.draft_seconds(plan)
+    def step_seconds(self, batch_size: int, num_tokens: int, plan: DraftPlan | None = None,
+                     verifies: bool = False) -> float:
+        """``verifies``: some request feeds drafts (a draft-model ``plan`` implies it)."""
+        return self.target_seconds(batch_size, num_tokens, verifies or plan is not None) + self.draft_seconds(plan)
 
 
 class _Window:
@@ -160,8 +169,8 @@ class CostModel:
     """Windowed online fit of the step-cost coefficients, refitted as observations arrive."""
 
     def __init__(self, window: int = 512, min_observations: int = 4, refit_every: int = 8) -> None:
-        self._target = _OnlineFit(window, 3)
-        self._draft = _OnlineFit(window, 2)
+        self._target = _OnlineFit(window, 4)
+        self._draft = _OnlineFit(window, 3)
         self._min_observations = min_observations
         self._refit_every = refit_every
         self._num_unfitted = 0
@@ -173,17 +182,19 @@ class CostModel:
     def configure(
         self, verify_override: tuple[float, float, float] | None = None, draft_override: float | None = None
     ) -> None:
-        """Operator overrides: (a, b, c) for the target; seconds per draft pass (the batch term dropped)."""
+        """Operator overrides: (a, b, c) for the target; seconds per draft pass (the batch and round terms
+        dropped). An override is the whole cost of its model: its fixed cost of speculating is dropped too."""
         self._verify_override = verify_override
         self._draft_override = draft_override
 
     def observe(self, timing: StepTiming) -> None:
         if timing.batch_size <= 0 or not math.isfinite(timing.target_seconds) or timing.target_seconds <= 0:
             return
-        self._target.window.add((1.0, timing.batch_size, timing.num_tokens), timing.target_seconds)
+        verifies = float(timing.num_tokens > timing.batch_size)  # observed steps carry no prefill
+        self._target.window.add((1.0, timing.batch_size, timing.num_tokens, verifies), timing.target_seconds)
         if timing.num_draft_requests > 0 and timing.num_draft_tokens > 0 and timing.draft_seconds > 0:
             passes = timing.num_draft_passes or math.ceil(timing.num_draft_tokens / timing.num_draft_requests)
-            self._draft.window.add((passes, passes * timing.num_draft_requests), timing.draft_seconds)
+            self._draft.window.add((1.0, passes, passes * timing.num_draft_requests), timing.draft_seconds)
         self._num_unfitted += 1
         if self._num_unfitted >= self._refit_every or self._target.window.count <= 4 * self._min_observations:
             self._refit()  # every step at first, later every few: one step barely moves the fit
@@ -195,21 +206,25 @@ class CostModel:
     def coefficients(self) -> CostCoefficients:
         if self._fitted is None:
             self._refit()
-        fitted = self._fitted
-        a, b, c = self._verify_override or (fitted.a, fitted.b, fitted.c)
-        d, e = (self._draft_override, 0.0) if self._draft_override is not None else (fitted.d, fitted.e)
-        return CostCoefficients(a=a, b=b, c=c, d=d, e=e)
+        coef = self._fitted
+        if self._verify_override:
+            a, b, c = self._verify_override
+            coef = replace(coef, a=a, b=b, c=c, g=0.0)
+        if self._draft_override is not None:
+            coef = replace(coef, f=0.0, d=self._draft_override, e=0.0)
+        return coef
 
     def predict_step(self, batch_size: int, num_tokens: int, draft_plan: DraftPlan | None = None) -> float:
-        return self.coefficients().step_seconds(batch_size, num_tokens, draft_plan)
+        """A step whose ``num_tokens`` exceed its batch verifies drafts (as the observed steps do)."""
+        return self.coefficients().step_seconds(batch_size, num_tokens, draft_plan, num_tokens > batch_size)
 
     def _fit(self) -> CostCoefficients:
         verify, verify_source = self._target.fit(np.array(DEFAULT_VERIFY), self._min_observations)
-        a, b, c = max(float(verify[0]), MIN_SECONDS), float(verify[1]), float(verify[2])
-        draft_default = np.array([DRAFT_RELATIVE_COST * a, DRAFT_RELATIVE_COST * (b + c)])
+        a, b, c, g = max(float(verify[0]), MIN_SECONDS), float(verify[1]), float(verify[2]), float(verify[3])
+        draft_default = np.array([0.0, DRAFT_RELATIVE_COST * a, DRAFT_RELATIVE_COST * (b + c)])
         draft, draft_source = self._draft.fit(draft_default, self._min_observations)
         self._sources = (verify_source, draft_source)
-        return CostCoefficients(a=a, b=b, c=c, d=float(draft[0]), e=float(draft[1]))
+        return CostCoefficients(a=a, b=b, c=c, d=float(draft[1]), e=float(draft[2]), f=float(draft[0]), g=g)
 
     def fit_summary(self) -> dict[str, Any]:
         """JSON-able description of the current fit for operators."""
@@ -220,9 +235,11 @@ class CostModel:
             "draft_source": "override" if self._draft_override is not None else draft_source,
             "num_observations": self._target.window.count,
             "num_draft_observations": self._draft.window.count,
-            "verify_seconds": {"fixed": coef.a, "per_request": coef.b, "per_token": coef.c},
-            "verify_learned": dict(zip(("fixed", "per_request", "per_token"), self._target.learned(), strict=True)),
-            "draft_seconds": {"per_pass": coef.d, "per_request_per_pass": coef.e},
+            "verify_seconds": {"fixed": coef.a, "per_request": coef.b, "per_token": coef.c,
+                               "per_speculating_step": coef.g},
+            "verify_learned": dict(zip(("fixed", "per_request", "per_token", "per_speculating_step"),
+                                       self._target.learned(), strict=True)),
+            "draft_seconds": {"per_round": coef.f, "per_pass": coef.d, "per_request_per_pass": coef.e},
             "verify_rmse_seconds": self._target.rmse,
             "draft_cost_ratio": coef.d / coef.a if coef.a > 0 else None,
         }

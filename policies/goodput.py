@@ -3,14 +3,16 @@
 Leviathan et al.: with per-position acceptance alpha, drafting k tokens yields
 E[tokens] = (1 - alpha^(k+1)) / (1 - alpha) per round (accepted drafts + the bonus/recovered token).
 SmartSpec generalises this to a batch: goodput = sum_i E_i(k_i) / T_step, where T_step depends on
-everyone's choice: a + b*n + c*(tokens fed) on the target, plus K_d * (d + e*n_d) for the draft model,
-K_d being the largest k among the n_d draft users (the draft runs K_d sequential passes for all of them).
+everyone's choice: a + b*n + c*(tokens fed) on the target, plus g if anyone speculates, plus
+f + K_d * (d + e*n_d) for the draft model, K_d being the largest k among the n_d draft users (the draft
+runs K_d sequential passes for all of them).
 
 Maximising a ratio is done by Dinkelbach's method: for a price lambda (seconds are worth lambda tokens)
 maximise sum_i E_i - lambda * T. For a fixed K_d that problem separates per request (each picks plain,
-n-gram, or draft with k <= K_d), so enumerating K_d = 0..k_max solves it exactly; lambda is then raised
-to the goodput of the solution until it stops improving (a few iterations). Everything is vectorised
-over [requests, k], a few hundred microseconds for 32 requests.
+n-gram, or draft with k <= K_d), so enumerating K_d = 0..k_max solves it exactly; the fixed cost g of
+speculating at all is then weighed against plain decode for everyone. lambda is raised to the goodput
+of the solution until it stops improving (a few iterations). Everything is vectorised over
+[requests, k], a few hundred microseconds for 32 requests.
 
 Hysteresis enters as a bonus: a request's previous choice counts its expected tokens times (1 + h),
 so a new choice must beat it by more than h to be taken.
@@ -103,7 +105,7 @@ def _plan_single(candidate: Candidate, coeffs: CostCoefficients, num_prefill_tok
 
     def seconds(proposer: ProposerName, k: int) -> float:
         draft = DraftPlan(k, 1) if proposer == DRAFT and k > 0 else None
-        return coeffs.step_seconds(1, base_tokens + k, draft)
+        return coeffs.step_seconds(1, base_tokens + k, draft, verifies=k > 0)
 
     def objective(option: tuple[ProposerName, int, float]) -> float:
         proposer, k, tokens = option
@@ -164,7 +166,7 @@ def _solve_for_price(
     net_draft = obj_draft - token_price  # [n, K+1]
     best_up_to = np.maximum.accumulate(net_draft, axis=1)  # best draft value with k <= K_d
     per_user = best_up_to - lam * coeffs.e * ks[None, :]
-    totals = np.maximum(value_other[:, None], per_user).sum(axis=0) - lam * coeffs.d * ks
+    totals = np.maximum(value_other[:, None], per_user).sum(axis=0) - lam * (coeffs.d * ks + coeffs.f * (ks > 0))
     passes = int(totals.argmax())
     use_draft = np.zeros(len(obj_plain), dtype=bool)
     k_draft = np.zeros(len(obj_plain), dtype=int)
@@ -173,6 +175,8 @@ def _solve_for_price(
         k_draft = net_draft[:, : passes + 1].argmax(axis=1)
     use_ngram = ~use_draft & (value_ngram > obj_plain)
     k = np.where(use_draft, k_draft, np.where(use_ngram, k_ngram, 0))
+    if k.any() and totals[passes] - lam * coeffs.g < obj_plain.sum():  # speculating does not pay its fixed cost
+        return np.zeros_like(k), np.zeros_like(use_draft), np.zeros_like(use_ngram)
     return k, use_draft, use_ngram
 
 
@@ -185,7 +189,7 @@ def _evaluate(
     tokens = np.where(use_draft, table_draft[rows, k], np.where(use_ngram, table_ngram[rows, k], plain))
     num_draft = int(use_draft.sum())
     plan = DraftPlan(int(k[use_draft].max()), num_draft) if num_draft else None
-    return float(tokens.sum()), coeffs.step_seconds(len(rows), base_tokens + int(k.sum()), plan)
+    return float(tokens.sum()), coeffs.step_seconds(len(rows), base_tokens + int(k.sum()), plan, verifies=bool(k.any()))
 
 
 def _to_plan(
@@ -225,7 +229,7 @@ def with_probe(
         ks=plan.ks[:index] + (k,) + plan.ks[index + 1 :],
         proposers=plan.proposers[:index] + (proposer,) + plan.proposers[index + 1 :],
         expected_tokens=plan.expected_tokens - 1.0 + expected_tokens(alpha, k),
-        step_seconds=coeffs.step_seconds(plan.batch_size, num_tokens, draft),
+        step_seconds=coeffs.step_seconds(plan.batch_size, num_tokens, draft, verifies=True),
         batch_size=plan.batch_size,
         num_tokens=num_tokens,
         draft_passes=draft_passes,

@@ -31,12 +31,12 @@ class SimCost:
     draft_per_pass: float = 1.5e-3
     draft_per_request: float = 2e-5
     noise: float = 0.03  # relative standard deviation of measured times
-    # padded attention: every request pays for the batch's largest k + 1 (a cost CostModel cannot express)
-    verify_per_padded_token: float = 0.0
+    # host time per drafted token outside the target's and the draft's timed passes (bookkeeping, commit):
+    # the step's clock sees it, CostModel's fit never does
+    untimed_per_draft_token: float = 0.0
 
-    def target_seconds(self, batch_size: int, num_tokens: int, max_new: int = 1) -> float:
-        return (self.verify_fixed + self.verify_per_request * batch_size + self.verify_per_token * num_tokens
-                + self.verify_per_padded_token * batch_size * max_new)
+    def target_seconds(self, batch_size: int, num_tokens: int) -> float:
+        return self.verify_fixed + self.verify_per_request * batch_size + self.verify_per_token * num_tokens
 
     def draft_seconds(self, num_passes: int, num_requests: int) -> float:
         return num_passes * (self.draft_per_pass + self.draft_per_request * num_requests) if num_requests else 0.0
@@ -117,13 +117,12 @@ def simulate(
             for r, m in zip(running, match_lens, strict=True)
         )
         decisions = policy.decide(BatchView(views))
-        fed, draft_passes, draft_users, draft_tokens, step_tokens, max_new = 0, 0, 0, 0, 0, 1
+        fed, draft_passes, draft_users, draft_tokens, step_tokens = 0, 0, 0, 0, 0
         for index, (request, view, decision) in enumerate(zip(running, views, decisions, strict=True)):
             k = max(0, min(decision.k, view.max_k))
             if decision.proposer == "ngram" and view.ngram_match_len == 0:
                 k = 0
             fed += k + 1
-            max_new = max(max_new, k + 1)
             accepted = 0
             if k > 0:
                 num_spec += 1
@@ -141,12 +140,13 @@ def simulate(
                 policy.forget(request.request_id)
                 running[index] = new_request(stream_rng, f"{id_prefix}-{num_started}")
                 num_started += 1
-        target = cost.target_seconds(len(views), fed, max_new) * _noise(draw_rng, cost.noise)
+        target = cost.target_seconds(len(views), fed) * _noise(draw_rng, cost.noise)
         draft = cost.draft_seconds(draft_passes, draft_users) * _noise(draw_rng, cost.noise)
-        seconds += target + draft
+        step_seconds = target + draft + cost.untimed_per_draft_token * (fed - len(views))
+        seconds += step_seconds
         num_request_steps += len(views)
         policy.observe_step(StepTiming(len(views), fed, target, draft_tokens, draft, draft_users, draft_passes,
-                                       step_seconds=target + draft, num_generated=step_tokens))
+                                       step_seconds=step_seconds, num_generated=step_tokens))
     return SimResult(num_tokens, seconds, num_steps, num_spec, num_request_steps)
 
 

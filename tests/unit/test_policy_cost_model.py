@@ -116,3 +116,24 @@ def test_steady_traffic_does_not_erase_a_learned_token_cost() -> None:
         model.observe(timing(16, 16, noise=0.02, rng=rng))
     assert model.coefficients().c == pytest.approx(TRUE["c"], rel=0.15)
     assert model.fit_summary()["verify_learned"]["per_token"] is True
+
+
+def test_recovers_the_fixed_cost_of_speculating() -> None:
+    """Steps that verify drafts pay g once and draft rounds pay f once, whatever k: both are learned apart
+    from the per-token and per-pass costs, from a mix of plain and speculative steps of varied k."""
+    rng = random.Random(2)
+    g, f = 1.5e-3, 0.7e-3
+    model = CostModel()
+    for _ in range(400):
+        batch, k = rng.randint(1, 8), rng.choice([0, 0, 1, 2, 3, 4])
+        real = timing(batch, batch * (1 + k), passes=k, users=batch if k else 0, noise=0.01, rng=rng)
+        model.observe(StepTiming(batch, real.num_tokens, real.target_seconds + (g if k else 0.0), real.num_draft_tokens,
+                                 real.draft_seconds + (f if k else 0.0), real.num_draft_requests, k))
+    coef = model.coefficients()
+    assert coef.g == pytest.approx(g, rel=0.15)
+    assert coef.f == pytest.approx(f, rel=0.15)
+    assert coef.c == pytest.approx(TRUE["c"], rel=0.1)
+    assert coef.d == pytest.approx(TRUE["d"], rel=0.1)
+    summary = model.fit_summary()
+    assert summary["verify_seconds"]["per_speculating_step"] == coef.g
+    assert summary["draft_seconds"]["per_round"] == coef.f

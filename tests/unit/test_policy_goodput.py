@@ -33,7 +33,8 @@ def brute_force_goodput(candidates: list[Candidate], coeffs: CostCoefficients, p
     for combo in itertools.product(*options):
         draft_ks = [k for k, proposer, _ in combo if proposer == "draft"]
         plan = DraftPlan(max(draft_ks), len(draft_ks)) if draft_ks else None
-        seconds = coeffs.step_seconds(n, n + prefill + sum(k for k, _, _ in combo), plan)
+        num_drafted = sum(k for k, _, _ in combo)
+        seconds = coeffs.step_seconds(n, n + prefill + num_drafted, plan, verifies=num_drafted > 0)
         best = max(best, sum(tokens for _, _, tokens in combo) / seconds)
     return best
 
@@ -52,6 +53,8 @@ coefficients = st.builds(
     c=st.floats(0.0, 5e-3),
     d=st.floats(0.0, 5e-3),
     e=st.floats(0.0, 1e-3),
+    f=st.floats(0.0, 5e-3),
+    g=st.floats(0.0, 5e-3),
 )
 
 
@@ -63,6 +66,27 @@ def test_plan_is_the_exact_optimum(candidates: list[Candidate], coeffs: CostCoef
     for c, k, proposer in zip(candidates, plan.ks, plan.proposers, strict=True):
         if k:
             assert k <= (c.max_k_draft if proposer == "draft" else c.max_k_ngram)
+
+
+def test_fixed_cost_of_speculating_favours_longer_drafts() -> None:
+    """Where speculating at all costs a fixed g + f and each extra token little, k = 1 does not pay its entry
+    fee while a longer draft does: the fixed costs must not be folded into the per-token ones."""
+    per_token = CostCoefficients(a=8e-3, b=0.0, c=1e-3, d=2e-3, e=0.0)
+    fixed = CostCoefficients(a=8.9e-3, b=0.0, c=1e-4, d=0.9e-3, e=0.0, f=0.8e-3, g=1.2e-3)
+    # the two models agree on plain decode and on a k = 1 round
+    assert fixed.step_seconds(1, 1) == pytest.approx(per_token.step_seconds(1, 1))
+    assert fixed.step_seconds(1, 2, DraftPlan(1, 1)) == pytest.approx(per_token.step_seconds(1, 2, DraftPlan(1, 1)))
+    long_fixed = plan_batch([Candidate(0.7, 6, 0.0, 0)] * 2, fixed)
+    long_per_token = plan_batch([Candidate(0.7, 6, 0.0, 0)] * 2, per_token)
+    assert min(long_fixed.ks) > max(long_per_token.ks)
+
+
+def test_fixed_cost_alone_can_veto_speculation() -> None:
+    """Drafts that pay per token but not the entry fee g: plain decode for everyone."""
+    cheap_tokens_dear_entry = CostCoefficients(a=8e-3, b=0.0, c=1e-5, d=0.0, e=0.0, g=8e-3)
+    plan = plan_batch([Candidate(0.0, 0, 0.3, 2)] * 4, cheap_tokens_dear_entry)
+    assert set(plan.ks) == {0}
+    assert plan.goodput == pytest.approx(4 / cheap_tokens_dear_entry.step_seconds(4, 4))
 
 
 def test_cheap_tokens_and_high_alpha_give_long_drafts() -> None:

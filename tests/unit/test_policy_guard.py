@@ -92,15 +92,20 @@ def test_summary_reports_each_bucket() -> None:
                    "speculative": {"draft": {"(0.5,0.9]": {"tokens_per_s": pytest.approx(800.0), "steps": 1}}}}
 
 
+# a cost model told that tokens are cheap, so that only the guard's measurements can stop speculation
+CHEAP_TOKENS = (0.01, 0.0, 1e-4)
+
+
 def test_adaptive_policy_decodes_plainly_where_speculation_measured_slower() -> None:
-    policy = AdaptivePolicy(PolicySettings(guard_probe_rate=0.0))
+    policy = AdaptivePolicy(PolicySettings(guard_probe_rate=0.0, verify_cost_coefficients=CHEAP_TOKENS))
     views = tuple(RequestView(f"r{i}", 0.0, 10, 4, 0) for i in range(8))
     assert any(d.k for d in policy.decide(BatchView(views)))  # the model alone would speculate
     for _ in range(SAMPLES):
         policy.observe_step(step(8, False, 8, 0.010))
         policy.observe_step(step(8, True, 10, 0.020))
     assert all(d.k == 0 for _ in range(20) for d in policy.decide(BatchView(views)))
-    off_guard = AdaptivePolicy(PolicySettings(goodput_guard=False), policy.learned)
+    off_guard = AdaptivePolicy(PolicySettings(goodput_guard=False, verify_cost_coefficients=CHEAP_TOKENS),
+                               policy.learned)
     assert any(d.k for d in off_guard.decide(BatchView(views)))
 
 
@@ -149,10 +154,10 @@ def test_unmeasured_plain_decode_is_judged_by_the_cost_model() -> None:
     assert fraction(1200.0) == pytest.approx(1 - MEASURE_PLAIN_RATE, abs=0.03)  # speculation wins: keep measuring
 
 
-def test_guard_rescues_a_cost_model_that_misses_padded_attention() -> None:
-    """A step cost with a batch x (largest k + 1) term the linear cost model cannot express: without
-    the guard the adaptive policy speculates at a loss; with it, it stays near plain decode."""
-    cost = SimCost(verify_per_padded_token=1e-4)
+def test_guard_rescues_a_cost_model_blind_to_part_of_the_step() -> None:
+    """Host time per drafted token outside the timed passes, which the cost model never sees: without the
+    guard the adaptive policy speculates at a loss; with it, it stays near plain decode."""
+    cost = SimCost(untimed_per_draft_token=3e-4)
     off = simulate(OffPolicy(), 32, 600, cost).goodput
     unguarded = simulate(AdaptivePolicy(PolicySettings(goodput_guard=False)), 32, 600, cost).goodput
     guarded = simulate(AdaptivePolicy(), 32, 600, cost).goodput
@@ -237,7 +242,7 @@ def test_n_gram_speculation_is_judged_apart_from_the_draft_model() -> None:
 
 
 def test_adaptive_policy_speculates_with_n_grams_only_where_the_draft_model_lost() -> None:
-    policy = AdaptivePolicy(PolicySettings(guard_probe_rate=0.0))
+    policy = AdaptivePolicy(PolicySettings(guard_probe_rate=0.0, verify_cost_coefficients=CHEAP_TOKENS))
     for _ in range(SAMPLES):
         policy.observe_step(step(8, False, 8, 0.010))
         policy.observe_step(step(8, True, 10, 0.020))  # the draft route loses at 5-8
