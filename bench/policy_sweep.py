@@ -31,6 +31,8 @@ import argparse
 import random
 import statistics
 
+import torch
+
 from bench.common import RESULTS, RunResult, make_engine, run_engine, save, set_policy, table
 from bench.prompts import PROSE, code_prompts
 from engine.types import SamplingParams
@@ -61,7 +63,11 @@ def main() -> None:
     ap.add_argument("--output", default="policy_sweep", help="name of the JSON and PNG in bench/results/")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch CPU threads (0: torch's default); one thread times a shared VM far more steadily")
     args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     engine = make_engine(args.dtype, args.device, max_seq_len=1024, max_running=64, max_num_batched_tokens=2048)
     levels = [int(c) for c in args.concurrency.split(",")]
     num_texts = max(MIN_REQUESTS, args.requests_per_client * max(levels))

@@ -45,8 +45,8 @@ class PolicySettings:
     guard_probe_rate: float = 0.05  # chance per step that the guard tries the arm it currently rejects, [0, 1]
     draft_stop_confidence: float = 0.0  # the draft model stops a round early after a token it gave less, [0, 1)
     ngram_min_match: int = 3  # auto mode considers the n-gram proposer from this match length on, >= 1
-    draft_cost_per_token: float | None = None  # seconds per draft forward pass; overrides the fit, >= 0
-    verify_cost_coefficients: tuple[float, float, float] | None = None  # (a, b, c) seconds; overrides the fit
+    draft_cost_per_token: float | None = None  # seconds per draft pass; overrides the whole draft fit, >= 0
+    verify_cost_coefficients: tuple[float, float, float] | None = None  # (a, b, c) s; overrides the target fit
     seed: int = 0  # seeds the exploration draws
 
     def __post_init__(self) -> None:

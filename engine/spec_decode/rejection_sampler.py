@@ -1,7 +1,7 @@
 """Verification of draft tokens against the target model: the speculative-sampling acceptance rule.
 
-A pure module: no model, no cache, no engine state. Tensors in, plain Python lists out, with one
-device-to-host transfer per call.
+A pure module: no model, no cache, no engine state. Tensors in, plain Python lists out: greedy verification
+reads the device once per call, sampled verification twice (the acceptance tests' inputs, then the tokens).
 
 Glossary (one verification round of a request that drafted ``k`` tokens ``t_0 .. t_{k-1}``):
 
@@ -108,7 +108,7 @@ def verify_sampled_batch(
     per stage for the whole batch. Per request, the same ops would cost ~100 us of CPU op overhead each.
     """
     num_drafts = [len(d) for d in draft_token_ids]
-    starts = _check_sampled_shapes(target_probs, num_drafts, draft_probs)  # request i's first row of p
+    starts = _check_sampled_shapes(target_probs, num_drafts, draft_probs, generators)  # request i's first row of p
     p = _as_float(target_probs)
     device, vocab = p.device, p.shape[1]
     uniforms = _uniforms(num_drafts, starts, generators, device)  # [rows] float64, aligned with the rows of p
@@ -120,11 +120,15 @@ def verify_sampled_batch(
     if draft_rows:
         rows = torch.tensor(draft_rows, device=device)  # [drafts]
         tokens = torch.tensor([t for d in draft_token_ids for t in d], device=device)  # [drafts]
-        p_draft, u_draft = p[rows, tokens].tolist(), uniforms.index_select(0, rows).tolist()
-        q_draft = [] if q is None else q[torch.arange(q.shape[0], device=device), _tokens_with_q(
-            draft_token_ids, draft_probs, device)].tolist()
-        num_accepted = _accepted_prefixes(num_drafts, [q_i is not None for q_i in draft_probs], p_draft, q_draft,
-                                          u_draft)
+        parts = [p[rows, tokens], uniforms.index_select(0, rows)]  # p_i(t_i), u_i
+        if q is not None:  # q_i(t_i) of the draft-model rows
+            parts.append(q[torch.arange(q.shape[0], device=device), _tokens_with_q(draft_token_ids, draft_probs,
+                                                                                  device)])
+        values = torch.cat([part.double() for part in parts]).tolist()  # one read; float32 -> float64 is exact
+        num_drafted = len(draft_rows)
+        num_accepted = _accepted_prefixes(num_drafts, [q_i is not None for q_i in draft_probs],
+                                          p_draft=values[:num_drafted], u_draft=values[num_drafted:2 * num_drafted],
+                                          q_draft=values[2 * num_drafted:])
 
     # The final token comes from row n: the residual p_n - q_n on a rejection, p_k itself for the bonus.
     # A rejection whose residual has no positive mass can only happen when p_n <= q_n everywhere, i.e. (for
@@ -143,8 +147,8 @@ def verify_sampled_batch(
             for drafts, n, token in zip(draft_token_ids, num_accepted, final_tokens)]
 
 
-def _accepted_prefixes(num_drafts: list[int], has_q: list[bool], p_draft: list[float], q_draft: list[float],
-                       u_draft: list[float]) -> list[int]:
+def _accepted_prefixes(num_drafts: list[int], has_q: list[bool], p_draft: list[float], u_draft: list[float],
+                       q_draft: list[float]) -> list[int]:
     """Per request, the number of drafts accepted before the first failed test ``u * q(t) < p(t)``.
 
     Python floats are doubles: the test is the float64 one a tensor version would compute."""
@@ -217,10 +221,11 @@ def _check_sampled_shapes(
     target_probs: torch.Tensor,  # [rows, vocab]
     num_drafts: list[int],
     draft_probs: list[torch.Tensor | None],  # per request [k_i, vocab]
+    generators: list[torch.Generator | None],
 ) -> list[int]:  # each request's first row
     """Returns where each request's rows start; raises on shapes that do not fit together."""
-    if len(draft_probs) != len(num_drafts):
-        raise ValueError(f"{len(num_drafts)} draft lists but {len(draft_probs)} draft_probs")
+    if not len(draft_probs) == len(generators) == len(num_drafts):
+        raise ValueError(f"{len(num_drafts)} draft lists, {len(draft_probs)} draft_probs, {len(generators)} generators")
     num_rows = sum(num_drafts) + len(num_drafts)
     if target_probs.dim() != 2 or target_probs.shape[0] != num_rows:
         raise ValueError(f"target_probs must have shape [{num_rows}, vocab]; got {tuple(target_probs.shape)}")

@@ -280,6 +280,10 @@ def test_sampled_rejects_bad_shapes():
         verify_sampled(torch.rand(3, 4), torch.tensor([0, 1]), torch.rand(2, 5), None)
     with pytest.raises(ValueError, match="draft_token_ids"):
         verify_sampled(torch.rand(3, 4), torch.tensor([[0, 1]]), None, None)
+    with pytest.raises(ValueError, match="generators"):
+        verify_sampled_batch(torch.rand(2, 4), [[0]], [None], [])
+    with pytest.raises(ValueError, match=r"target_probs must have shape \[5, vocab\]"):
+        verify_sampled_batch(torch.rand(4, 4), [[0], [1, 2]], [None, None], [None, None])
 
 
 # ---------------------------------------------------------------- determinism
