@@ -115,20 +115,23 @@ def verify_sampled_batch(
     with_q = [q for q, k in zip(draft_probs, num_drafts) if q is not None and k]
     q = torch.cat([_as_float(q_i).to(device) for q_i in with_q]) if with_q else None  # [drafts with q, vocab]
 
+    # One read of everything the acceptance tests need: every uniform, p_i(t_i), and q_i(t_i) of draft-model rows
+    # (flat indices into the row-major p and q; float32 -> float64 is exact).
     draft_rows = [start + j for start, k in zip(starts, num_drafts) for j in range(k)]
-    num_accepted = list(num_drafts)
+    flat_tokens = [t for d in draft_token_ids for t in d]
+    parts = [uniforms]
     if draft_rows:
-        rows = torch.tensor(draft_rows, device=device)  # [drafts]
-        tokens = torch.tensor([t for d in draft_token_ids for t in d], device=device)  # [drafts]
-        parts = [p[rows, tokens], uniforms.index_select(0, rows)]  # p_i(t_i), u_i
-        if q is not None:  # q_i(t_i) of the draft-model rows
-            parts.append(q[torch.arange(q.shape[0], device=device), _tokens_with_q(draft_token_ids, draft_probs,
-                                                                                  device)])
-        values = torch.cat([part.double() for part in parts]).tolist()  # one read; float32 -> float64 is exact
-        num_drafted = len(draft_rows)
-        num_accepted = _accepted_prefixes(num_drafts, [q_i is not None for q_i in draft_probs],
-                                          p_draft=values[:num_drafted], u_draft=values[num_drafted:2 * num_drafted],
-                                          q_draft=values[2 * num_drafted:])
+        parts.append(_flat_take(p, [row * vocab + t for row, t in zip(draft_rows, flat_tokens)]).double())
+    if q is not None:
+        q_tokens = [t for d, q_i in zip(draft_token_ids, draft_probs) if q_i is not None for t in d]
+        parts.append(_flat_take(q, [row * vocab + t for row, t in enumerate(q_tokens)]).double())
+    values = torch.cat(parts).tolist() if len(parts) > 1 else uniforms.tolist()
+    num_rows, num_drafted = len(draft_rows) + len(num_drafts), len(draft_rows)
+    u_host = values[:num_rows]
+    num_accepted = _accepted_prefixes(num_drafts, [q_i is not None for q_i in draft_probs],
+                                      p_draft=values[num_rows:num_rows + num_drafted],
+                                      u_draft=[u_host[row] for row in draft_rows],
+                                      q_draft=values[num_rows + num_drafted:])
 
     # The final token comes from row n: the residual p_n - q_n on a rejection, p_k itself for the bonus.
     # A rejection whose residual has no positive mass can only happen when p_n <= q_n everywhere, i.e. (for
@@ -141,7 +144,8 @@ def verify_sampled_batch(
     residual = p_row - _rejected_proposals(p_row, q, draft_token_ids, draft_probs, num_accepted)  # [batch, vocab]
     residual.clamp_(min=0.0)
     final_dist = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, p_row)  # [batch, vocab]
-    final_uniforms = uniforms.index_select(0, torch.tensor([s + k for s, k in zip(starts, num_drafts)], device=device))
+    final_uniforms = torch.tensor([u_host[s + k] for s, k in zip(starts, num_drafts)], dtype=torch.float64,
+                                  device=device)  # [batch]
     final_tokens = sample_inverse_cdf(final_dist, final_uniforms).tolist()  # [batch]
     return [VerifyResult(token_ids=drafts[:n] + [_checked_token(token, vocab)], num_accepted=n)
             for drafts, n, token in zip(draft_token_ids, num_accepted, final_tokens)]
@@ -166,9 +170,9 @@ def _accepted_prefixes(num_drafts: list[int], has_q: list[bool], p_draft: list[f
     return out
 
 
-def _tokens_with_q(draft_token_ids: list[list[int]], draft_probs: list[torch.Tensor | None],
-                   device: torch.device) -> torch.Tensor:  # [drafts with q]
-    return torch.tensor([t for d, q in zip(draft_token_ids, draft_probs) if q is not None for t in d], device=device)
+def _flat_take(table: torch.Tensor, flat_indices: list[int]) -> torch.Tensor:
+    """Elements of a row-major 2-D tensor by flat index: one index_select instead of advanced indexing."""
+    return table.reshape(-1).index_select(0, torch.tensor(flat_indices, device=table.device))
 
 
 def _rejected_proposals(p_row: torch.Tensor,  # [batch, vocab]
