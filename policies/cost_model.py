@@ -7,9 +7,9 @@ The draft runs one sequential forward pass per drafted position for all of its u
 time grows with the largest k among them, not with the sum. ``g`` and ``f`` are what a step pays for
 speculating at all, whatever k: verification attends over multi-token queries (a separate attention
 group from the decoding requests) and samples against the drafts; a draft round first catches up on the
-last round's tokens. Measured on CPU at batch 1 they are ~10% of a step while one more draft token
-costs ~1%; folded into the per-token terms, they made k = 1 look cheap and k = 4 dear, the reverse of
-what the clock said. Fits are ridge regressions over a window
+last round's tokens. Fitted on a 2-core CPU at batch 1: g 1.3-1.6 ms and f ~1.2 ms beside a ~9 ms
+plain step, while one more fed token cost 0.13-0.25 ms; folded into the per-token terms, they made
+k = 1 look cheap and k = 4 dear, the reverse of what the clock said. Fits are ridge regressions over a window
 of recent steps (512), pulled towards a prior scaled to the measured level: the relative defaults at
 first, later the last values the data determined well. Directions the window does not determine (e.g.
 b vs c while every step feeds one token per request) stay at the prior instead of swinging to
