@@ -139,9 +139,7 @@ def output_lengths(num_requests: int, mean: int, spread: float) -> list[int]:
 def summarize_cell(cell: dict, runs: dict[str, list[RunResult]]) -> dict:
     """Adaptive vs off and vs the best fixed policy (highest median), each as the median of paired per-round
     ratios; ``spread``: the median over policies of (max - min) / median of their runs, the cell's noise."""
-    def median(values: list[float]) -> float:
-        return statistics.median(values)
-
+    median = statistics.median
     rates = {name: [r.tokens_per_s for r in rs] for name, rs in runs.items()}
     best_fixed = max((name for name in rates if name not in ("off", "adaptive")), key=lambda name: median(rates[name]))
     paired = {other: median([a / b for a, b in zip(rates["adaptive"], rates[other], strict=True)])

@@ -22,10 +22,10 @@ from engine.model_runner import ModelRunner, SeqChunk
 from engine.models.loader import load_model, read_config, resolve_checkpoint
 from engine.models.tokenizer import IncrementalDetokenizer, check_compatible, eos_token_ids, load_tokenizer
 from engine.request import Request, RequestStatus
-from engine.sampler import greedy_tokens, position_counts, processed_probs, token_logprobs, transform_key
+from engine.sampler import greedy_tokens, position_counts, processed_probs, sample_rows, token_logprobs, transform_key
 from engine.scheduler import Scheduler
 from engine.spec_decode.proposer import Draft, build_proposers
-from engine.spec_decode.rejection_sampler import VerifyResult, verify_greedy_batch, verify_sampled, verify_sampled_batch
+from engine.spec_decode.rejection_sampler import VerifyResult, verify_greedy_batch, verify_sampled_batch
 from engine.spec_decode.stats import SpecDecodeStats
 from engine.types import EngineHealth, FinishReason, RequestOutput, SamplingParams
 from policies import BatchView, Decision, PolicyController, PolicySettings, RequestView, RoundOutcome, StepTiming
@@ -305,9 +305,7 @@ class LLMEngine:
         params = request.params
         if params.greedy:
             return int(greedy_tokens(logits, params, self._counts(request, []))[0])
-        p = processed_probs(logits, params, self._counts(request, []))
-        empty = torch.zeros(0, dtype=torch.long, device=p.device)
-        return verify_sampled(p, empty, None, request.generator).token_ids[0]
+        return sample_rows(processed_probs(logits, params, self._counts(request, [])), [request.generator])[0]
 
     def _observe_round(self, plan: Planned, result: VerifyResult) -> None:
         request, drafted = plan.request, len(plan.draft_tokens)

@@ -79,14 +79,24 @@ def sample_inverse_cdf(weights: torch.Tensor,  # [..., vocab] float, non-negativ
     return torch.searchsorted(cdf, target, right=True).squeeze(-1)  # [...]
 
 
+def draw_uniforms(counts: list[int], generators: list[torch.Generator | None],
+                  device: torch.device) -> torch.Tensor:  # [sum(counts)] float64, request after request
+    """``counts[i]`` uniforms for request i. A request with a generator draws all of its own in one
+    ``torch.rand`` call on it, so its seed alone fixes them; the others share one draw."""
+    uniforms = torch.rand(sum(counts), device=device, dtype=torch.float64)
+    start = 0
+    for count, generator in zip(counts, generators, strict=True):
+        if generator is not None:
+            uniforms[start : start + count] = torch.rand(count, generator=generator, device=device,
+                                                         dtype=torch.float64)
+        start += count
+    return uniforms
+
+
 def sample_rows(probs: torch.Tensor,  # [n, vocab]: one distribution per request
                 generators: list[torch.Generator | None]) -> list[int]:
-    """One token per row; a row with a generator draws its uniform from it, the rest share one draw."""
-    uniforms = torch.rand(probs.shape[0], device=probs.device, dtype=torch.float64)
-    for row, generator in enumerate(generators):
-        if generator is not None:
-            uniforms[row] = torch.rand(1, generator=generator, device=probs.device, dtype=torch.float64)[0]
-    return sample_inverse_cdf(probs, uniforms).tolist()
+    """One token per row, from one uniform per row (see `draw_uniforms`)."""
+    return sample_inverse_cdf(probs, draw_uniforms([1] * probs.shape[0], generators, probs.device)).tolist()
 
 
 def token_logprobs(logits: torch.Tensor,  # [n, vocab] raw logits of the positions that emitted tokens

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampler import sample_inverse_cdf
+from engine.sampler import draw_uniforms, sample_inverse_cdf
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def verify_sampled_batch(
     starts = _check_sampled_shapes(target_probs, num_drafts, draft_probs, generators)  # request i's first row of p
     p = _as_float(target_probs)
     device, vocab = p.device, p.shape[1]
-    uniforms = _uniforms(num_drafts, starts, generators, device)  # [rows] float64, aligned with the rows of p
+    uniforms = draw_uniforms([k + 1 for k in num_drafts], generators, device)  # [rows], aligned with p's rows
     with_q = [q for q, k in zip(draft_probs, num_drafts) if q is not None and k]
     q = torch.cat([_as_float(q_i).to(device) for q_i in with_q]) if with_q else None  # [drafts with q, vocab]
 
@@ -197,16 +197,6 @@ def _rejected_proposals(p_row: torch.Tensor,  # [batch, vocab]
     if hot_batch:
         q_row[hot_batch, hot_token] = 1.0
     return q_row
-
-
-def _uniforms(num_drafts: list[int], starts: list[int], generators: list[torch.Generator | None],
-              device: torch.device) -> torch.Tensor:  # [rows] float64
-    """``k_i + 1`` uniforms per request; a request with a generator draws all of its own in one call."""
-    uniforms = torch.rand(sum(num_drafts) + len(num_drafts), device=device, dtype=torch.float64)
-    for k, start, generator in zip(num_drafts, starts, generators):
-        if generator is not None:
-            uniforms[start : start + k + 1] = torch.rand(k + 1, generator=generator, device=device, dtype=torch.float64)
-    return uniforms
 
 
 def _checked_token(token_id: int, vocab_size: int) -> int:
