@@ -2,10 +2,15 @@
 ``off``, fixed draft k = 2/4/6, fixed n-gram and ``adaptive`` (auto). Reports throughput and
 mean time per output token; the plot shows speed-up vs ``off`` per concurrency.
 
-    .venv/bin/python -m bench.policy_sweep [--concurrency 1,2,4,8,16,32] [--new-tokens 48] [--warmup 1]
+    taskset -c 0 .venv/bin/python -m bench.policy_sweep [--concurrency 1,2,4,8,16,32] [--new-tokens 48]
+
+One cell, to look into it (the JSON keeps each run's histogram of chosen k):
+
+    .venv/bin/python -m bench.policy_sweep --workloads code --temperatures 0.7 --concurrency 16 \
+        --policies "draft k=2" --output cell
 
 Concurrency c means c clients, each sending its next request as soon as its last one completes (vLLM's
-``--max-concurrency``): a run serves ``--requests-per-client`` x c requests (at least 4) with at most c in
+``--max-concurrency``): a run serves ``--requests-per-client`` x c requests (at least 8) with at most c in
 flight. Submitting c requests at once and waiting for the last would instead end every run on a tail of
 a few stragglers, which no server with steady traffic sees.
 
@@ -18,6 +23,10 @@ amounts, would end each run draining through small batches: a lockstep no server
 Runs are interleaved in rounds (every policy once per round, so a slow spell of the shared machine hits
 them all), and the ratios are the median over rounds of each round's own ratio: paired, they cancel
 most of the drift between rounds that the ratio of two medians would keep.
+
+Timing noise: on a shared 2-vCPU VM, torch's two threads made the same run vary by 20-35%, and the two
+vCPUs are not alike (a 512 x 512 matmul: 3.0 ms +-3% on one, 2.2-3.6 ms on the other). So the sweep uses
+one thread by default (``--threads``); pin it to the steadier CPU, e.g. ``taskset -c 0``.
 
 Each cell first runs every policy ``--warmup`` times untimed, as any benchmark warms up. For the
 adaptive policy this also stands for the traffic a long-running server has already served: it
@@ -39,7 +48,7 @@ from engine.types import SamplingParams
 
 # adaptive runs first in each round, so its first contact with a cell (the warm-up) is its own: the fixed
 # policies' runs of the cell, which feed the shared acceptance and step-cost estimates, come after it
-MIN_REQUESTS = 4  # requests per run at the lowest concurrencies
+MIN_REQUESTS = 8  # requests per run at the lowest concurrencies: at T > 0, fewer leave a run to sampling luck
 POLICIES = {
     "adaptive": {"mode": "auto"},
     "off": {"mode": "off"},
@@ -54,6 +63,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
     ap.add_argument("--temperatures", default="0,0.7,1.0")
+    ap.add_argument("--workloads", default="code,prose")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="a subset of the policies, comma-separated (off and adaptive are always run)")
     ap.add_argument("--new-tokens", type=int, default=48, help="mean max_tokens of the requests")
     ap.add_argument("--length-spread", type=float, default=0.5,
                     help="max_tokens spread uniformly over new-tokens x [1 - spread, 1 + spread]")
@@ -63,7 +75,7 @@ def main() -> None:
     ap.add_argument("--output", default="policy_sweep", help="name of the JSON and PNG in bench/results/")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--threads", type=int, default=0,
+    ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (0: torch's default); one thread times a shared VM far more steadily")
     args = ap.parse_args()
     if args.threads > 0:
@@ -72,7 +84,15 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     num_texts = max(MIN_REQUESTS, args.requests_per_client * max(levels))
     code, prose = code_prompts(num_texts, max_chars=500), PROSE
-    workloads = {"code": code, "prose": prose}
+    workloads = {name: texts for name, texts in {"code": code, "prose": prose}.items()
+                 if name in args.workloads.split(",")}
+    unknown = set(args.policies.split(",")) - set(POLICIES)
+    if unknown:
+        raise SystemExit(f"--policies: unknown {', '.join(sorted(unknown))} (known: {', '.join(POLICIES)})")
+    policies = {name: POLICIES[name] for name in POLICIES
+                if name in ("adaptive", "off") or name in args.policies.split(",")}
+    if len(policies) < 3:
+        raise SystemExit("--policies: name at least one fixed policy to compare the adaptive one with")
     run_engine(engine, [engine.tokenizer.encode("def f(x):")] * 2, SamplingParams(max_tokens=16))  # warm-up
     rows, summary = [], []
     for workload, texts in workloads.items():
@@ -87,11 +107,16 @@ def main() -> None:
                 params = [SamplingParams(max_tokens=length, temperature=temperature, ignore_eos=True)
                           for length in output_lengths(num_requests, args.new_tokens, args.length_spread)]
                 cell = {"workload": workload, "temperature": temperature, "concurrency": n}
-                runs: dict[str, list[RunResult]] = {name: [] for name in POLICIES}
+                runs: dict[str, list[RunResult]] = {name: [] for name in policies}
+                chosen_k: dict[str, list[list[int]]] = {name: [] for name in policies}
                 for _ in range(args.warmup + args.repeats):
-                    for name, settings in POLICIES.items():
+                    for name, settings in policies.items():
                         set_policy(engine, **{"k": 4, **settings})
+                        before = engine.policy.stats()["chosen_k"]["histogram"]
                         runs[name].append(run_engine(engine, prompts, params, max_in_flight=n))
+                        after = engine.policy.stats()["chosen_k"]["histogram"]
+                        chosen_k[name].append([count - (before[k] if k < len(before) else 0)
+                                               for k, count in enumerate(after)])
                 warmups = {name: rs[: args.warmup] for name, rs in runs.items()}
                 runs = {name: rs[args.warmup:] for name, rs in runs.items()}
                 # the median run of each policy: a best-of would favour whichever side has more runs to pick
@@ -102,7 +127,9 @@ def main() -> None:
                                  "vs_off": r.tokens_per_s / results["off"].tokens_per_s,
                                  "acceptance": round(r.acceptance, 3),
                                  "runs_tok_s": [round(run.tokens_per_s, 1) for run in runs[name]],
-                                 "warmup_tok_s": [round(run.tokens_per_s, 1) for run in warmups[name]]})
+                                 "warmup_tok_s": [round(run.tokens_per_s, 1) for run in warmups[name]],
+                                 # request-steps per chosen k (0 = plain), warm-up runs first
+                                 "chosen_k": chosen_k[name]})
                 summary.append(verdict := summarize_cell(cell, runs))
                 print(f"[{workload} T={temperature} c={n}] off {results['off'].tokens_per_s:.0f} tok/s, "
                       f"best fixed ({verdict['best_fixed']}) {results[verdict['best_fixed']].tokens_per_s:.0f}, "

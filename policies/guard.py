@@ -30,6 +30,15 @@ plan (at first contact the plan drafts short, from a cautious prior acceptance),
 over ~20 steps one burst of 12 moved it only halfway, so speculation that had come to pay (batch 4,
 T = 1: draft k = 2 1.2x plain) stayed rejected.
 
+Speculation is compared with plain decode at the same batch sizes: each speculative figure keeps how
+often each batch size occurred in its steps, and its bar is plain decode's rate over that same mix
+(plain step times are kept per batch size). A bucket spans sizes whose plain rates differ by half (at
+9 and 16 requests), and its plain steps came mostly from the tails of runs, where the batch drains
+through the bucket's low end, while speculation was measured at its top: compared bucket to bucket,
+speculation at batch 16 looked 25% faster than plain decode when it was break-even. A batch size
+whose plain steps are not measured takes the cost model's plain step time, scaled by how the model
+erred at the measured sizes of the same bucket.
+
 Both arms must stay measured for the comparison to stay true, so a fraction ``probe_rate`` of the
 decisions takes the other arm (rejected speculation less often the more clearly it lost: a probe of
 it at a large batch first makes the draft model prefill every request, and never in steps shared
@@ -47,7 +56,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from policies.acceptance import TEMPERATURE_BUCKETS, temperature_bucket
@@ -65,7 +74,7 @@ NO_PROPOSERS: frozenset[str] = frozenset()
 ROUTES = {"draft": ALL_PROPOSERS, "ngram": frozenset({"ngram"})}
 
 
-PlainEstimate = Callable[[int], float]  # batch-size bucket -> predicted plain-decode tokens/s
+PlainEstimate = Callable[[int], float]  # batch size -> predicted seconds of a plain-decode step
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -78,11 +87,15 @@ class _Arm:
     tokens: float = 0.0
     seconds: float = 0.0
     samples: int = 0
+    sizes: dict[int, float] = field(default_factory=dict)  # batch size -> its weight in the averages
 
-    def add(self, tokens: int, seconds: float) -> None:
+    def add(self, tokens: int, seconds: float, batch_size: int) -> None:
         w = max(EWMA_WEIGHT, 1.0 / (self.samples + 1))  # a plain mean until the EWMA's horizon is filled
         self.tokens += w * (tokens - self.tokens)
         self.seconds += w * (seconds - self.seconds)
+        for size in self.sizes:
+            self.sizes[size] *= 1.0 - w
+        self.sizes[batch_size] = self.sizes.get(batch_size, 0.0) + w
         self.samples += 1
 
     @property
@@ -96,10 +109,10 @@ class GoodputGuard:
     costs the same at any T) and route (draft model or n-gram lookups only)."""
 
     def __init__(self, plain_estimate: PlainEstimate | None = None) -> None:
-        """``plain_estimate``: plain decode's tokens/s per batch-size bucket as the cost model predicts it, the
-        stand-in for a bucket whose plain steps are not measured yet (`LearnedState` wires in its cost model)."""
+        """``plain_estimate``: a plain-decode step's seconds per batch size as the cost model predicts them, the
+        stand-in for batch sizes whose plain steps are not measured yet (`LearnedState` wires in its cost model)."""
         self.plain_estimate = plain_estimate
-        self._plain: dict[int, _Arm] = {}
+        self._plain: dict[int, _Arm] = {}  # per batch size
         self._speculative: dict[tuple[int, int, str], _Arm] = {}  # (batch bucket, T bucket, route)
         self._burst_left: dict[tuple[int, int, str], int] = {}  # steps left of a speculative probe burst
         self._probes: dict[tuple[int, int, str], _Arm] = {}  # the speculative steps of a probe, measured afresh
@@ -111,16 +124,17 @@ class GoodputGuard:
         """
         if timing.step_seconds <= 0 or not math.isfinite(timing.step_seconds) or timing.batch_size <= 0:
             return
-        bucket = batch_bucket(timing.batch_size)
+        sample = (timing.num_generated, timing.step_seconds, timing.batch_size)
         if timing.num_tokens <= timing.batch_size:
-            self._plain.setdefault(bucket, _Arm()).add(timing.num_generated, timing.step_seconds)
+            self._plain.setdefault(timing.batch_size, _Arm()).add(*sample)
             return
-        key = (bucket, temperature_bucket(temperature), "draft" if timing.num_draft_tokens > 0 else "ngram")
+        route = "draft" if timing.num_draft_tokens > 0 else "ngram"
+        key = (batch_bucket(timing.batch_size), temperature_bucket(temperature), route)
         probe = self._probes.get(key)
         if probe is None:
-            self._speculative.setdefault(key, _Arm()).add(timing.num_generated, timing.step_seconds)
+            self._speculative.setdefault(key, _Arm()).add(*sample)
             return
-        probe.add(timing.num_generated, timing.step_seconds)
+        probe.add(*sample)
         if probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
             self._speculative[key] = self._probes.pop(key)
 
@@ -175,23 +189,50 @@ class GoodputGuard:
         spec = self._speculative.get((bucket, temperature_key, route))
         if spec is None or spec.samples < MIN_SPECULATIVE_SAMPLES:
             return None
-        plain_rate, plain_measured = self._plain_rate(bucket)
+        plain_rate, plain_measured = self._plain_rate(bucket, spec.sizes)
         if plain_rate is None or (not plain_measured and spec.rate >= plain_rate * (1.0 + REQUIRED_GAIN)):
             return "measure plain"
         return "speculate" if spec.rate >= plain_rate * (1.0 + REQUIRED_GAIN) else "decode plainly"
 
-    def _plain_rate(self, bucket: int) -> tuple[float | None, bool]:
-        """(plain tokens/s of the bucket, whether measured): measured, else the cost model's, else None."""
-        plain = self._plain.get(bucket)
-        if plain is not None and plain.samples >= MIN_SAMPLES:
-            return plain.rate, True
-        estimate = self.plain_estimate(bucket) if self.plain_estimate is not None else None
-        return (estimate if estimate and estimate > 0 else None), False
+    def _plain_rate(self, bucket: int, sizes: dict[int, float]) -> tuple[float | None, bool]:
+        """(plain tokens/s over the batch-size mix ``sizes`` of the bucket, whether measured), or (None, False)."""
+        seconds = self._plain_seconds(bucket)
+        total_tokens = total_seconds = 0.0
+        for size, weight in sizes.items():
+            step_seconds, measured = seconds(size)
+            if step_seconds is None:
+                return None, False
+            total_tokens += weight * size
+            total_seconds += weight * step_seconds
+        return (total_tokens / total_seconds if total_seconds > 0 else None), measured
+
+    def _plain_seconds(self, bucket: int) -> Callable[[int], tuple[float | None, bool]]:
+        """batch size -> (a plain step's seconds, whether measured in the bucket): measured at that size; else the
+        cost model's figure times its error at the bucket's measured sizes; else the cost model's; else None."""
+        measured = {size: arm.seconds for size, arm in self._plain.items()
+                    if arm.samples >= MIN_SAMPLES and batch_bucket(size) == bucket}
+        estimate = self.plain_estimate
+        calibration = None
+        if measured and estimate is not None:
+            predicted = sum(estimate(size) for size in measured)
+            calibration = sum(measured.values()) / predicted if predicted > 0 else None
+
+        def seconds(size: int) -> tuple[float | None, bool]:
+            if size in measured:
+                return measured[size], True
+            predicted = estimate(size) if estimate is not None else 0.0
+            if predicted > 0:
+                return (predicted * calibration, True) if calibration else (predicted, False)
+            if measured:  # no model at all: the nearest measured size's step time
+                return measured[min(measured, key=lambda other: abs(other - size))], True
+            return None, False
+
+        return seconds
 
     def _closeness(self, bucket: int, temperature_key: int, route: str) -> float:
         """1 while speculation fell at most 2 x ``REQUIRED_GAIN`` short of its bar, then falling as 1 / shortfall."""
-        plain_rate, _ = self._plain_rate(bucket)
         spec = self._speculative[(bucket, temperature_key, route)]
+        plain_rate, _ = self._plain_rate(bucket, spec.sizes)
         shortfall = 1.0 + REQUIRED_GAIN - spec.rate / plain_rate if plain_rate else 0.0
         return min(1.0, 2.0 * REQUIRED_GAIN / shortfall) if shortfall > 0 else 1.0
 
@@ -216,19 +257,23 @@ class GoodputGuard:
         return None
 
     def summary(self) -> list[dict[str, Any]]:
-        """Per batch-size bucket: the sizes it covers, plain tokens/s, speculative tokens/s by route and temperature."""
+        """Per batch-size bucket: the sizes it covers, plain tokens/s (over all its plain steps), and speculative
+        tokens/s by route and temperature, each with ``vs_plain``: its rate over plain decode's at its batch sizes."""
         out = []
-        for bucket in sorted(set(self._plain) | {b for b, _, _ in self._speculative}):
+        for bucket in sorted({batch_bucket(size) for size in self._plain} | {b for b, _, _ in self._speculative}):
             low, high = (1, 1) if bucket == 0 else (2 ** (bucket - 1) + 1, 2**bucket)
-            plain = self._plain.get(bucket)
+            plain = [arm for size, arm in self._plain.items() if batch_bucket(size) == bucket]
             speculative: dict[str, dict[str, Any]] = {}
             for (b, t, route), arm in sorted(self._speculative.items()):
                 if b == bucket:
-                    speculative.setdefault(route, {})[TEMPERATURE_BUCKETS[t]] = _describe(arm)
-            out.append({"batch_sizes": [low, high], "plain": _describe(plain) if plain else None,
-                        "speculative": speculative})
+                    plain_rate, _ = self._plain_rate(bucket, arm.sizes)
+                    speculative.setdefault(route, {})[TEMPERATURE_BUCKETS[t]] = {
+                        "tokens_per_s": arm.rate, "steps": arm.samples,
+                        "vs_plain": arm.rate / plain_rate if plain_rate else None}
+            plain_summary = None
+            if plain:  # the arms' mean tokens and seconds per step, summed over batch sizes
+                seconds = sum(arm.seconds for arm in plain)
+                plain_summary = {"tokens_per_s": sum(arm.tokens for arm in plain) / seconds if seconds > 0 else 0.0,
+                                 "steps": sum(arm.samples for arm in plain)}
+            out.append({"batch_sizes": [low, high], "plain": plain_summary, "speculative": speculative})
         return out
-
-
-def _describe(arm: _Arm) -> dict[str, Any]:
-    return {"tokens_per_s": arm.rate, "steps": arm.samples}

@@ -26,13 +26,11 @@ class LearnedState:
 
     def __post_init__(self) -> None:
         if self.guard.plain_estimate is None:
-            self.guard.plain_estimate = self.predicted_plain_rate
+            self.guard.plain_estimate = self.predicted_plain_seconds
 
-    def predicted_plain_rate(self, bucket: int) -> float:
-        """Plain decode's tokens/s at the largest batch size of a guard bucket, as the cost model predicts it
-        (the largest: plain's best rate in the bucket, so speculation is not credited with the bucket's spread)."""
-        batch_size = 2**bucket
-        return batch_size / self.cost_model.predict_step(batch_size, batch_size)
+    def predicted_plain_seconds(self, batch_size: int) -> float:
+        """A plain-decode step's seconds at ``batch_size``, as the cost model predicts them."""
+        return self.cost_model.predict_step(batch_size, batch_size)
 
 
 class LearningPolicy:

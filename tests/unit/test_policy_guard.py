@@ -89,7 +89,8 @@ def test_summary_reports_each_bucket() -> None:
     guard.observe(step(4, True, 8, 0.01), temperature=0.7)
     [row] = guard.summary()
     assert row == {"batch_sizes": [3, 4], "plain": {"tokens_per_s": pytest.approx(300.0), "steps": 1},
-                   "speculative": {"draft": {"(0.5,0.9]": {"tokens_per_s": pytest.approx(800.0), "steps": 1}}}}
+                   "speculative": {"draft": {"(0.5,0.9]": {"tokens_per_s": pytest.approx(800.0), "steps": 1,
+                                                             "vs_plain": None}}}}  # 1 plain step: not measured yet
 
 
 # a cost model told that tokens are cheap, so that only the guard's measurements can stop speculation
@@ -146,7 +147,7 @@ def test_unmeasured_plain_decode_is_judged_by_the_cost_model() -> None:
     rng = random.Random(0)
 
     def fraction(estimate: float) -> float:
-        guard.plain_estimate = lambda bucket: estimate
+        guard.plain_estimate = lambda batch_size: batch_size / estimate  # plain step seconds at that rate
         draws = [guard.allowed_proposers(16, 0.0, rng, 0.0) for _ in range(2000)]
         return sum("draft" in allowed for allowed in draws) / len(draws)
 
@@ -283,9 +284,41 @@ def test_a_probe_measures_speculation_afresh() -> None:
     assert allowed_fraction(guard, 4, 0.0) == 1.0
 
 
-def test_learned_state_gives_the_guard_the_cost_model_plain_rate() -> None:
+def test_learned_state_gives_the_guard_the_cost_model_plain_step_time() -> None:
     learned = LearnedState()
     for _ in range(8):
         learned.cost_model.observe(step(16, False, 16, 0.010))
     assert learned.guard.plain_estimate is not None
-    assert learned.guard.plain_estimate(4) == pytest.approx(1600, rel=0.05)  # bucket 4 = batch 16: 16 / 10 ms
+    assert learned.guard.plain_estimate(16) == pytest.approx(0.010, rel=0.05)
+
+
+def plain_seconds(batch_size: int) -> float:
+    """A plain step's time that grows with the batch more slowly than its tokens: rates differ inside a bucket."""
+    return 0.012 + 0.001 * batch_size
+
+
+def test_speculation_is_compared_with_plain_decode_at_its_own_batch_sizes() -> None:
+    """Plain steps of bucket 9-16 came from a run's draining tail (9-12 requests), speculation ran at 16: plain
+    decode at 16 is faster than the bucket's plain average, and that is the bar speculation must clear."""
+    guard = GoodputGuard()
+    for size in (9, 10, 11, 12, 16):
+        for _ in range(5 if size < 16 else 3):
+            guard.observe(step(size, False, size, plain_seconds(size)))  # plain at 16: 571 tokens/s
+    for _ in range(SAMPLES):
+        guard.observe(step(16, True, 17, 0.030))  # 567 tokens/s: beats the tail's ~440, not plain at 16
+    assert allowed_fraction(guard, 16, 0.0) == 0.0
+    [row] = guard.summary()
+    assert row["speculative"]["draft"]["T=0"]["vs_plain"] == pytest.approx(567 / 571, rel=0.01)
+
+
+def test_unmeasured_batch_sizes_take_the_cost_model_corrected_by_measured_ones() -> None:
+    """Plain measured only at 9, 20% slower than the model predicts: at 16 the model's time is taken 20% slower."""
+    guard = GoodputGuard(plain_estimate=plain_seconds)
+    for _ in range(3):
+        guard.observe(step(9, False, 9, 1.2 * plain_seconds(9)))
+    for _ in range(SAMPLES):
+        guard.observe(step(16, True, 16, 0.032))  # 500 tokens/s vs plain's 16 / (1.2 x 28 ms) = 476: not 5% more
+    assert allowed_fraction(guard, 16, 0.0) == 0.0
+    for _ in range(SAMPLES):
+        guard.observe(step(16, True, 17, 0.030))  # 567 tokens/s: 19% more
+    assert allowed_fraction(guard, 16, 0.0) == 1.0
