@@ -195,39 +195,40 @@ class GoodputGuard:
         return "speculate" if spec.rate >= plain_rate * (1.0 + REQUIRED_GAIN) else "decode plainly"
 
     def _plain_rate(self, bucket: int, sizes: dict[int, float]) -> tuple[float | None, bool]:
-        """(plain tokens/s over the batch-size mix ``sizes`` of the bucket, whether measured), or (None, False)."""
-        seconds = self._plain_seconds(bucket)
+        """(plain tokens/s over the batch-size mix ``sizes`` of the bucket or None, whether plain decode was
+        measured in the bucket)."""
+        seconds, measured = self._plain_seconds(bucket)
         total_tokens = total_seconds = 0.0
         for size, weight in sizes.items():
-            step_seconds, measured = seconds(size)
+            step_seconds = seconds(size)
             if step_seconds is None:
-                return None, False
+                return None, measured
             total_tokens += weight * size
             total_seconds += weight * step_seconds
         return (total_tokens / total_seconds if total_seconds > 0 else None), measured
 
-    def _plain_seconds(self, bucket: int) -> Callable[[int], tuple[float | None, bool]]:
-        """batch size -> (a plain step's seconds, whether measured in the bucket): measured at that size; else the
-        cost model's figure times its error at the bucket's measured sizes; else the cost model's; else None."""
+    def _plain_seconds(self, bucket: int) -> tuple[Callable[[int], float | None], bool]:
+        """(batch size -> a plain step's seconds, whether any size of the bucket is measured). A size's time: as
+        measured; else the cost model's times the model's error at the bucket's measured sizes; else None."""
         measured = {size: arm.seconds for size, arm in self._plain.items()
                     if arm.samples >= MIN_SAMPLES and batch_bucket(size) == bucket}
         estimate = self.plain_estimate
-        calibration = None
+        calibration = 1.0
         if measured and estimate is not None:
             predicted = sum(estimate(size) for size in measured)
-            calibration = sum(measured.values()) / predicted if predicted > 0 else None
+            calibration = sum(measured.values()) / predicted if predicted > 0 else 1.0
 
-        def seconds(size: int) -> tuple[float | None, bool]:
+        def seconds(size: int) -> float | None:
             if size in measured:
-                return measured[size], True
+                return measured[size]
             predicted = estimate(size) if estimate is not None else 0.0
             if predicted > 0:
-                return (predicted * calibration, True) if calibration else (predicted, False)
+                return predicted * calibration
             if measured:  # no model at all: the nearest measured size's step time
-                return measured[min(measured, key=lambda other: abs(other - size))], True
-            return None, False
+                return measured[min(measured, key=lambda other: abs(other - size))]
+            return None
 
-        return seconds
+        return seconds, bool(measured)
 
     def _closeness(self, bucket: int, temperature_key: int, route: str) -> float:
         """1 while speculation fell at most 2 x ``REQUIRED_GAIN`` short of its bar, then falling as 1 / shortfall."""
