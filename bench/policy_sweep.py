@@ -86,6 +86,8 @@ def main() -> None:
     code, prose = code_prompts(num_texts, max_chars=500), PROSE
     workloads = {name: texts for name, texts in {"code": code, "prose": prose}.items()
                  if name in args.workloads.split(",")}
+    if not workloads:
+        raise SystemExit("--workloads: name code and/or prose")
     unknown = set(args.policies.split(",")) - set(POLICIES)
     if unknown:
         raise SystemExit(f"--policies: unknown {', '.join(sorted(unknown))} (known: {', '.join(POLICIES)})")
