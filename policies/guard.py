@@ -4,7 +4,7 @@ The goodput plan (policies/goodput.py) is only as right as the cost model, and a
 model misses real effects: padded attention grows with batch x (largest k + 1), a CPU's matmuls
 change regime with the row count, the engine's own per-step work grows with the drafts. So the
 adaptive policy also keeps the *realised* goodput (tokens emitted per second of whole step time) of
-plain steps and of speculative steps per batch-size bucket (speculative ones also per temperature
+plain steps (per batch size) and of speculative steps (per batch-size bucket, and per temperature
 bucket: what speculation yields depends on T), and vetoes speculation where speculative steps have
 not been measurably faster (by ``REQUIRED_GAIN``) than plain ones: near break-even, the flips
 between the two (each return to speculation makes the draft model catch up) and the noise of the
@@ -104,7 +104,7 @@ class _Arm:
 
 
 class GoodputGuard:
-    """Realised tokens/s of plain steps per batch-size bucket, and of speculative steps per batch-size
+    """Realised tokens/s of plain steps per batch size, and of speculative steps per batch-size
     bucket, temperature bucket (acceptance, so what speculation yields, falls as T rises; plain decode
     costs the same at any T) and route (draft model or n-gram lookups only)."""
 
