@@ -87,3 +87,40 @@ def test_zero_drafted_rounds_are_ignored_and_summary_counts() -> None:
     assert (summary["num_rounds"], summary["num_drafted"], summary["num_accepted"]) == (1, 4, 3)
     assert summary["acceptance_rate"] == pytest.approx(0.75)
     assert estimator.summary()["ngram"]["acceptance_rate"] is None
+
+
+def finished_requests(estimator: AcceptanceEstimator, rng: random.Random, alphas, proposer="draft", rounds=10):
+    for index, alpha in enumerate(alphas):
+        request_id = f"{proposer}-{index}"
+        for outcome in geometric_rounds(rng, alpha, 4, rounds, request_id):
+            estimator.observe(RoundOutcome(request_id, proposer, 0.0, outcome.num_drafted, outcome.num_accepted))
+        estimator.forget(request_id)
+
+
+def test_shrinkage_is_learned_from_how_much_requests_differ() -> None:
+    """Alike requests (the draft model): a request's lucky streak is noise, its estimate stays near the global
+    rate. Requests that differ (n-gram lookups: texts that repeat and texts that never do): its own rate counts."""
+    rng = random.Random(2)
+    settings = PolicySettings(warmup_rounds=0)
+    estimator = AcceptanceEstimator(settings)
+    assert estimator.prior_trials("draft", 0.0) == estimator.prior_trials("ngram", 0.0)  # the default, before data
+    finished_requests(estimator, rng, [0.8] * 60, "draft")
+    finished_requests(estimator, rng, [0.2, 0.9] * 30, "ngram")
+    alike, different = estimator.prior_trials("draft", 0.0), estimator.prior_trials("ngram", 0.0)
+    assert alike > 50 and different < 6
+    for _ in range(3):  # a streak of full acceptance, twice over
+        for proposer in ("draft", "ngram"):
+            estimator.observe(RoundOutcome("lucky", proposer, 0.0, 4, 4))
+    assert estimator.alpha("lucky", "draft", 0.0) < 0.85  # the global 0.8, barely moved
+    assert estimator.alpha("lucky", "ngram", 0.0) > 0.8  # far above the n-gram global ~0.55
+    assert estimator.summary()["draft"]["prior_trials_by_temperature"]["T=0"] == pytest.approx(alike, abs=0.05)
+
+
+def test_shrinkage_needs_enough_finished_requests_and_stays_per_bucket() -> None:
+    estimator = AcceptanceEstimator()
+    default = estimator.prior_trials("draft", 0.0)
+    finished_requests(estimator, random.Random(3), [0.8] * 7)
+    assert estimator.prior_trials("draft", 0.0) == default  # 7 requests say too little
+    finished_requests(estimator, random.Random(4), [0.8] * 3)
+    assert estimator.prior_trials("draft", 0.0) > default
+    assert estimator.prior_trials("draft", 1.0) == default  # another temperature bucket
