@@ -116,7 +116,10 @@ class Dispersion:
         p = self.accepted / self.trials
         binomial = p * (1.0 - p)
         spread = self.accepted_squared_per_trial - self.trials * p * p  # sum of n_i (p_i - p)^2
-        tau_squared = (spread - (self.requests - 1.0) * binomial) / (self.trials - self.trials_squared / self.trials)
+        effective_trials = self.trials - self.trials_squared / self.trials  # 0 if one request holds them all
+        if effective_trials <= 0.0:
+            return DEFAULT_PRIOR_TRIALS
+        tau_squared = (spread - (self.requests - 1.0) * binomial) / effective_trials
         if tau_squared <= binomial / (high + 1.0):
             return high
         return min(high, max(low, binomial / tau_squared - 1.0))
