@@ -90,7 +90,8 @@ class Dispersion:
     Decayed sums over finished requests i with a_i accepted of n_i trials; the between-request variance
     tau^2 is the observed spread of the p_i = a_i / n_i less what binomial noise explains (the
     weighted method-of-moments estimator). A Beta prior of that variance around the mean p weighs
-    m = p (1 - p) / tau^2 - 1 trials.
+    m = p (1 - p) / tau^2 - 1 trials. Refitted as each finished request is added, not when read (every
+    request's estimate reads it, every step).
     """
 
     num_requests: int = 0  # undecayed, for the minimum
@@ -99,6 +100,7 @@ class Dispersion:
     accepted: float = 0.0
     trials_squared: float = 0.0  # sum of n_i^2
     accepted_squared_per_trial: float = 0.0  # sum of a_i^2 / n_i
+    prior_trials: float = DEFAULT_PRIOR_TRIALS  # m
 
     def add(self, accepted: int, trials: int) -> None:
         decay = DISPERSION_DECAY
@@ -108,8 +110,9 @@ class Dispersion:
         self.accepted = self.accepted * decay + accepted
         self.trials_squared = self.trials_squared * decay + trials * trials
         self.accepted_squared_per_trial = self.accepted_squared_per_trial * decay + accepted * accepted / trials
+        self.prior_trials = self._fit()
 
-    def prior_trials(self) -> float:
+    def _fit(self) -> float:
         if self.num_requests < MIN_DISPERSION_REQUESTS:
             return DEFAULT_PRIOR_TRIALS
         low, high = PRIOR_TRIALS_RANGE
@@ -186,7 +189,7 @@ class AcceptanceEstimator:
 
     def prior_trials(self, proposer: str, temperature: float) -> float:
         """m: how many trials the global rate weighs in a request's estimate (learned, see the module doc)."""
-        return self._dispersion[proposer][temperature_bucket(temperature)].prior_trials()
+        return self._dispersion[proposer][temperature_bucket(temperature)].prior_trials
 
     def forget(self, request_id: str) -> None:
         """The request is done: its totals join its bucket's spread between requests."""

@@ -157,7 +157,7 @@ class GoodputGuard:
     def _route_decision(self, key: tuple[int, int, str], rng: random.Random, probe_rate: float,
                         measured: bool) -> str:
         """speculate | plain (a deliberate plain step: it measures the plain arm) | rejected (try a cheaper route)."""
-        verdict = self._verdict(*key)
+        verdict, vs_plain = self._judge(*key)
         if not measured:
             return "speculate" if verdict == "speculate" else "rejected"
         if verdict is None and not self._easier_settings_reject(*key):
@@ -169,7 +169,7 @@ class GoodputGuard:
         # speculation lost here, or is untried here and lost at a smaller batch or lower T: probe it in bursts,
         # the rarer the clearer it lost (a burst at a large batch costs the draft's prefill of every request)
         if verdict == "decode plainly":
-            probe_rate *= self._closeness(*key)
+            probe_rate *= _closeness(vs_plain)
         left = self._burst_left.get(key, 0)
         if left == 0 and rng.random() < probe_rate / PROBE_BURST:
             left = PROBE_BURST
@@ -177,8 +177,9 @@ class GoodputGuard:
         self._burst_left[key] = max(0, left - 1)
         return "speculate" if left > 0 else "rejected"
 
-    def _verdict(self, bucket: int, temperature_key: int, route: str) -> str | None:
-        """speculate | decode plainly | measure plain; None while speculation here is unmeasured.
+    def _judge(self, bucket: int, temperature_key: int, route: str) -> tuple[str | None, float | None]:
+        """(verdict, speculation's rate over plain decode's at the same batch sizes or None). The verdict:
+        speculate | decode plainly | measure plain; None while speculation here is unmeasured.
 
         Until plain steps of the bucket are measured, the cost model's plain rate stands in for them: where
         speculation loses even to that, plain steps follow (and measure the plain arm); where it wins, plain
@@ -188,11 +189,13 @@ class GoodputGuard:
         """
         spec = self._speculative.get((bucket, temperature_key, route))
         if spec is None or spec.samples < MIN_SPECULATIVE_SAMPLES:
-            return None
+            return None, None
         plain_rate, plain_measured = self._plain_rate(bucket, spec.sizes)
-        if plain_rate is None or (not plain_measured and spec.rate >= plain_rate * (1.0 + REQUIRED_GAIN)):
-            return "measure plain"
-        return "speculate" if spec.rate >= plain_rate * (1.0 + REQUIRED_GAIN) else "decode plainly"
+        if plain_rate is None:
+            return "measure plain", None
+        wins = spec.rate >= plain_rate * (1.0 + REQUIRED_GAIN)
+        verdict = "measure plain" if wins and not plain_measured else "speculate" if wins else "decode plainly"
+        return verdict, spec.rate / plain_rate
 
     def _plain_rate(self, bucket: int, sizes: dict[int, float]) -> tuple[float | None, bool]:
         """(plain tokens/s over the batch-size mix ``sizes`` of the bucket or None, whether plain decode was
@@ -230,13 +233,6 @@ class GoodputGuard:
 
         return seconds, bool(measured)
 
-    def _closeness(self, bucket: int, temperature_key: int, route: str) -> float:
-        """1 while speculation fell at most 2 x ``REQUIRED_GAIN`` short of its bar, then falling as 1 / shortfall."""
-        spec = self._speculative[(bucket, temperature_key, route)]
-        plain_rate, _ = self._plain_rate(bucket, spec.sizes)
-        shortfall = 1.0 + REQUIRED_GAIN - spec.rate / plain_rate if plain_rate else 0.0
-        return min(1.0, 2.0 * REQUIRED_GAIN / shortfall) if shortfall > 0 else 1.0
-
     def _easier_settings_reject(self, bucket: int, temperature_key: int, route: str) -> bool:
         """Whether speculation lost at the nearest smaller batch size (same temperature) or at the nearest
         lower temperature (same batch size) that has a verdict.
@@ -252,7 +248,7 @@ class GoodputGuard:
     def _nearest_verdict(self, keys: list[tuple[int, int, str]]) -> str | None:
         """The first settled verdict (speculate or decode plainly) along ``keys``, nearest first."""
         for key in keys:
-            verdict = self._verdict(*key)
+            verdict, _ = self._judge(*key)
             if verdict in ("speculate", "decode plainly"):
                 return verdict
         return None
@@ -278,3 +274,9 @@ class GoodputGuard:
                                  "steps": sum(arm.samples for arm in plain)}
             out.append({"batch_sizes": [low, high], "plain": plain_summary, "speculative": speculative})
         return out
+
+
+def _closeness(vs_plain: float | None) -> float:
+    """1 while speculation fell at most 2 x ``REQUIRED_GAIN`` short of its bar, then falling as 1 / shortfall."""
+    shortfall = 1.0 + REQUIRED_GAIN - vs_plain if vs_plain else 0.0
+    return min(1.0, 2.0 * REQUIRED_GAIN / shortfall) if shortfall > 0 else 1.0
