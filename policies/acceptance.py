@@ -18,7 +18,7 @@ some texts repeat, others never), so there each request's own rate counts. Until
 ``MIN_DISPERSION_REQUESTS`` finished requests, m is ``DEFAULT_PRIOR_TRIALS``.
 
 Recent rounds weigh more: both counts decay by (1 - ewma_weight) per round. A new request borrows the
-global rate of its proposer at its temperature bucket (acceptance falls as T rises), blended out over
+global rate of its proposer at its temperature bucket (acceptance changes with T), blended out over
 ``warmup_rounds`` rounds. Buckets learn from every request; before they have data they fall back to the
 settings' prior scaled by a default temperature factor.
 """

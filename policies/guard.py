@@ -40,15 +40,23 @@ whose plain steps are not measured takes the cost model's plain step time, scale
 erred at the measured sizes of the same bucket.
 
 Both arms must stay measured for the comparison to stay true, so a fraction ``probe_rate`` of the
-decisions takes the other arm (rejected speculation less often the more clearly it lost: a probe of
-it at a large batch first makes the draft model prefill every request, and never in steps shared
-with prefill chunks, which the guard does not measure, and which speculate only where speculation
-has a settled winning verdict); a bucket where plain decode was never measured compares speculation
-with the cost model's plain rate instead, and takes plain steps at a higher rate until it has
-``MIN_SAMPLES`` of them. A bucket where speculation was never measured starts from the verdicts of
-the nearest smaller batch size and of the nearest lower temperature: if speculation lost there, it is
-rejected (and probed) here too, since extra tokens only get dearer as the batch grows and acceptance
-only falls as T rises.
+decisions takes the other arm, never in steps shared with prefill chunks, which the guard does not
+measure, and which speculate only where speculation has a settled winning verdict. Rejected speculation
+is probed at a rate scaled by what a probe is expected to lose: up to ``MAX_PROBE_BOOST`` times
+``probe_rate`` where it fell just short of its bar (probing it costs next to nothing there, and a verdict
+that noise turned against it must not stick: with one burst per ~240 steps, a cell of 40-step runs
+decoded plainly for three runs while fixed speculation ran 1.3x faster), and more rarely the more clearly
+it lost (a probe at a large batch first makes the draft model prefill every request). A bucket where
+plain decode was never measured compares speculation with the cost model's plain rate instead, and takes
+plain steps at a higher rate until it has ``MIN_SAMPLES`` of them.
+
+A batch-size bucket where speculation was never measured starts from the verdict of the nearest smaller
+batch size at the same temperature: if speculation lost there, it is rejected (and probed) here too,
+since extra tokens only get dearer as the batch grows. Temperatures do not pass verdicts on: acceptance
+need not fall as T rises (the bundled pair's prose drafts are accepted 0.76 of the time greedily and
+0.80 at T = 0.7, since rejection sampling accepts wherever the two distributions overlap), and greedy
+code, where n-gram lookups win, left the draft route rejected at T = 0 and so, inherited, at T = 0.7,
+where it paid 1.3x.
 """
 
 from __future__ import annotations
@@ -66,6 +74,7 @@ MIN_SAMPLES = 3  # plain steps in a bucket before their rate counts
 MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate is still unknown
 EWMA_WEIGHT = 0.05  # weight of the newest step's tokens and seconds: about the last 20 steps count
 REQUIRED_GAIN = 0.05  # speculation must beat plain decode by this much: near break-even, plain cannot lose
+MAX_PROBE_BOOST = 4.0  # rejected speculation close to its bar is probed at up to this many times probe_rate
 PROBE_BURST = 12  # a probe of rejected speculation lasts this many steps (the first pays the draft's catch-up)
 MIN_SPECULATIVE_SAMPLES = PROBE_BURST  # speculative steps before their rate counts: the first may be a catch-up
 ALL_PROPOSERS: frozenset[str] = frozenset(PROPOSERS)
@@ -105,7 +114,7 @@ class _Arm:
 
 class GoodputGuard:
     """Realised tokens/s of plain steps per batch size, and of speculative steps per batch-size
-    bucket, temperature bucket (acceptance, so what speculation yields, falls as T rises; plain decode
+    bucket, temperature bucket (acceptance, so what speculation yields, changes with T; plain decode
     costs the same at any T) and route (draft model or n-gram lookups only)."""
 
     def __init__(self, plain_estimate: PlainEstimate | None = None) -> None:
@@ -160,14 +169,14 @@ class GoodputGuard:
         verdict, vs_plain = self._judge(*key)
         if not measured:
             return "speculate" if verdict == "speculate" else "rejected"
-        if verdict is None and not self._easier_settings_reject(*key):
+        if verdict is None and not self._smaller_batches_reject(*key):
             return "speculate"  # let the plan show what speculation does here
         if verdict == "measure plain":
             return "plain" if rng.random() < MEASURE_PLAIN_RATE else "speculate"
         if verdict == "speculate":
             return "plain" if rng.random() < probe_rate else "speculate"  # single steps, no switching cost
-        # speculation lost here, or is untried here and lost at a smaller batch or lower T: probe it in bursts,
-        # the rarer the clearer it lost (a burst at a large batch costs the draft's prefill of every request)
+        # speculation lost here, or is untried here and lost at a smaller batch: probe it in bursts, the more
+        # often the closer it came to its bar
         if verdict == "decode plainly":
             probe_rate *= _closeness(vs_plain)
         left = self._burst_left.get(key, 0)
@@ -233,25 +242,15 @@ class GoodputGuard:
 
         return seconds, bool(measured)
 
-    def _easier_settings_reject(self, bucket: int, temperature_key: int, route: str) -> bool:
-        """Whether speculation lost at the nearest smaller batch size (same temperature) or at the nearest
-        lower temperature (same batch size) that has a verdict.
-
-        An extra token only gets dearer as the batch grows, and acceptance only falls as T rises, so a
-        (batch size, temperature) where speculation has not been tried starts from those verdicts,
-        probing in bursts, instead of speculating at a loss until it has its own samples of both arms.
-        """
-        smaller_batches = [(smaller, temperature_key, route) for smaller in range(bucket - 1, -1, -1)]
-        lower_temperatures = [(bucket, cooler, route) for cooler in range(temperature_key - 1, -1, -1)]
-        return any(self._nearest_verdict(line) == "decode plainly" for line in (smaller_batches, lower_temperatures))
-
-    def _nearest_verdict(self, keys: list[tuple[int, int, str]]) -> str | None:
-        """The first settled verdict (speculate or decode plainly) along ``keys``, nearest first."""
-        for key in keys:
-            verdict, _ = self._judge(*key)
+    def _smaller_batches_reject(self, bucket: int, temperature_key: int, route: str) -> bool:
+        """Whether speculation lost at the nearest smaller batch size (same temperature and route) that has a
+        settled verdict: an extra token only gets dearer as the batch grows, so an untried batch size starts
+        from there, probing in bursts, instead of speculating at a loss until it has its own samples."""
+        for smaller in range(bucket - 1, -1, -1):
+            verdict, _ = self._judge(smaller, temperature_key, route)
             if verdict in ("speculate", "decode plainly"):
-                return verdict
-        return None
+                return verdict == "decode plainly"
+        return False
 
     def summary(self) -> list[dict[str, Any]]:
         """Per batch-size bucket: the sizes it covers, plain tokens/s (over all its plain steps), and speculative
@@ -277,6 +276,8 @@ class GoodputGuard:
 
 
 def _closeness(vs_plain: float | None) -> float:
-    """1 while speculation fell at most 2 x ``REQUIRED_GAIN`` short of its bar, then falling as 1 / shortfall."""
+    """The probe rate's multiplier for rejected speculation: ``2 x REQUIRED_GAIN / shortfall`` (its shortfall
+    from its bar), at most ``MAX_PROBE_BOOST``: 1 where it fell 2 x ``REQUIRED_GAIN`` short, 2 at break-even,
+    the most just under the bar, and falling as 1 / shortfall where it clearly lost."""
     shortfall = 1.0 + REQUIRED_GAIN - vs_plain if vs_plain else 0.0
-    return min(1.0, 2.0 * REQUIRED_GAIN / shortfall) if shortfall > 0 else 1.0
+    return min(MAX_PROBE_BOOST, 2.0 * REQUIRED_GAIN / shortfall) if shortfall > 0 else 1.0
