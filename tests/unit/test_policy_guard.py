@@ -58,12 +58,13 @@ def test_speculation_is_allowed_until_both_arms_are_measured() -> None:
     assert allowed_fraction(guard, 8, 0.05) == pytest.approx(1 - MEASURE_PLAIN_RATE, abs=0.03)
 
 
-# spec 2000 tokens/s vs plain 1600: plain probes at 5%; spec 1520 (5% short of the +5% bar): probed at 5%;
+# spec 2000 tokens/s vs plain 1600 (a 25% gain): plain probes at 5% x 0.1 / 0.25, rarer the more it wins;
+# spec 1520 (5% short of the +5% bar): probed at 5%;
 # spec 800, half of plain: probed at 5% x 0.1 / 0.55, rarer the clearer it lost; spec 1600 (break-even):
 # probed at 2 x 5%, spec 1648 (just under its bar): at MAX_PROBE_BOOST x 5%. Probes come in bursts, so
 # a probe rate r keeps r / (1 + r) of the steps speculative.
 @pytest.mark.parametrize(("spec_tokens", "probe_rate", "tolerance"), [
-    (30, None, 0.015), (22.8, 0.05, 0.015), (12, 0.05 * 0.1 / 0.55, 0.01), (24, 0.1, 0.03),
+    (30, None, 0.01), (22.8, 0.05, 0.015), (12, 0.05 * 0.1 / 0.55, 0.01), (24, 0.1, 0.03),
     (24.72, 0.05 * MAX_PROBE_BOOST, 0.05)])
 def test_verdict_follows_the_measured_rates_with_probes(spec_tokens: float, probe_rate: float | None,
                                                          tolerance: float) -> None:
@@ -71,7 +72,7 @@ def test_verdict_follows_the_measured_rates_with_probes(spec_tokens: float, prob
     for _ in range(SAMPLES):
         guard.observe(step(16, False, 16, 0.010))  # plain: 1600 tokens/s
         guard.observe(step(16, True, spec_tokens, 0.015))
-    expected = 0.95 if probe_rate is None else probe_rate / (1 + probe_rate)
+    expected = 1 - 0.05 * 0.1 / 0.25 if probe_rate is None else probe_rate / (1 + probe_rate)
     assert allowed_fraction(guard, 16, 0.05) == pytest.approx(expected, abs=tolerance)
     assert allowed_fraction(guard, 1, 0.05) == 1.0  # another bucket knows nothing yet
 
@@ -216,7 +217,7 @@ def test_an_untried_batch_size_starts_from_the_verdict_of_smaller_batches() -> N
     for _ in range(SAMPLES):
         guard.observe(step(32, True, 96, 0.02))  # speculation measured at 32 itself, and it pays
         guard.observe(step(32, False, 32, 0.02))
-    assert allowed_fraction(guard, 32, 0.05) == pytest.approx(0.95, abs=0.02)
+    assert 0.95 < allowed_fraction(guard, 32, 0.05) < 1.0
 
 
 def test_an_untried_temperature_inherits_no_verdict_from_lower_temperatures() -> None:
@@ -247,7 +248,7 @@ def test_n_gram_speculation_is_judged_apart_from_the_draft_model() -> None:
     assert allowed_fraction(guard, 32, 0.0, proposer="draft") == 0.0
     for _ in range(SAMPLES):
         guard.observe(step(32, True, 44, 0.011, route="ngram"))  # 4000 tokens/s
-    assert allowed_fraction(guard, 32, 0.05, proposer="ngram") == pytest.approx(0.95, abs=0.02)
+    assert 0.95 < allowed_fraction(guard, 32, 0.05, proposer="ngram") < 1.0
     assert allowed_fraction(guard, 32, 0.05, proposer="draft") < 0.05  # bursts of probes only
     for _ in range(40):
         guard.observe(step(32, True, 30, 0.011, route="ngram"))  # n-gram lookups stop paying too
@@ -277,7 +278,7 @@ def test_speculation_gets_no_verdict_before_a_burst_of_steps() -> None:
     assert allowed_fraction(guard, 1, 0.05) == 1.0  # no verdict yet
     for _ in range(SAMPLES - 3):
         guard.observe(step(1, True, 3, 0.009))
-    assert allowed_fraction(guard, 1, 0.05) == pytest.approx(0.95, abs=0.02)  # ~260 tokens/s: speculate
+    assert 0.95 < allowed_fraction(guard, 1, 0.05) < 1.0  # ~260 tokens/s: speculate
 
 
 def test_a_probe_measures_speculation_afresh() -> None:
