@@ -59,7 +59,7 @@ def test_speculation_is_allowed_until_both_arms_are_measured() -> None:
 
 
 # spec 2000 tokens/s vs plain 1600 (a 25% gain): plain probes at 5% x 0.1 / 0.25, rarer the more it wins;
-# spec 1520 (5% short of the +5% bar): probed at 5%;
+# spec 1520 (5% below plain, 10% short of its +5% bar): probed at 5%;
 # spec 800, half of plain: probed at 5% x 0.1 / 0.55, rarer the clearer it lost; spec 1600 (break-even):
 # probed at 2 x 5%, spec 1648 (just under its bar): at MAX_PROBE_BOOST x 5%. Probes come in bursts, so
 # a probe rate r keeps r / (1 + r) of the steps speculative.
