@@ -110,6 +110,19 @@ def test_decodes_attend_apart_from_multi_token_requests():
     assert only.token_index is None and only.max_new == 4 and not only.uniform
 
 
+def test_verification_attends_apart_from_prefill_chunks():
+    """Padding verifying requests to a prefill chunk's length beside them made shared steps 50% slower."""
+    from engine.models.llama import SHORT_RUN, build_attention_metadata
+
+    long = SHORT_RUN + 8
+    contexts = [torch.arange(10), torch.arange(20, 20 + long), torch.arange(100, 112), torch.arange(200, 205)]
+    decodes, verifies, prefills = build_attention_metadata(contexts, [1, long, 5, 3], CPU).groups
+    assert (decodes.batch_size, decodes.max_new, decodes.token_index.tolist()) == (1, 1, [0])
+    assert (verifies.batch_size, verifies.max_new) == (2, 5)
+    assert verifies.token_index.tolist() == list(range(1 + long, 1 + long + 8))
+    assert (prefills.batch_size, prefills.max_new, prefills.token_index.tolist()) == (1, long, list(range(1, 1 + long)))
+
+
 def test_packed_linears_pad_rows_to_a_bounded_set_of_sizes():
     """oneDNN builds a kernel per row count and keeps 1024: the sizes it sees must stay few."""
     from engine.models.llama import PackedLinear, padded_rows
