@@ -85,13 +85,14 @@ def build_attention_metadata(
 ) -> AttentionMetadata:
     """context_indices[b]: flat cache indices of request b's whole context (old + new tokens)."""
     writes = [idx[idx.numel() - n:] for idx, n in zip(context_indices, num_new)]
-    classes = [1 if n == 1 else 2 if n <= SHORT_RUN else 3 for n in num_new]
-    if len(set(classes)) == 1:
+    classes = [(n > 1) + (n > SHORT_RUN) for n in num_new]  # 0: decode, 1: short run, 2: long run
+    present = sorted(set(classes))
+    if len(present) == 1:
         groups = [_attention_group(context_indices, num_new, None, device)]
     else:
         starts = [0, *itertools.accumulate(num_new)]
         groups = []
-        for length_class in sorted(set(classes)):
+        for length_class in present:
             members = [b for b, c in enumerate(classes) if c == length_class]
             rows = torch.cat([torch.arange(starts[b], starts[b + 1]) for b in members])
             groups.append(_attention_group([context_indices[b] for b in members], [num_new[b] for b in members],
