@@ -291,7 +291,9 @@ def _probe_scale(vs_plain: float | None) -> float:
     the more it wins (at batch 1, where it ran 1.5-1.9x plain decode, each plain probe gave up half a step's
     tokens and made the draft model catch up in the next: 5% of them cost ~3% of the throughput). Either way
     the throughput that probing is expected to cost, the probed share times what that arm loses per step,
-    stays below probe_rate x 2 x ``REQUIRED_GAIN`` (0.5% at the default rate).
+    stays below probe_rate x 2 x ``REQUIRED_GAIN`` (0.5% at the default rate). Not counted there: each burst's
+    switch from plain decode, which the verdict leaves out (about two extra steps at batch 8 with 150-token
+    prompts; at the most boosted rate, a burst every ~65 steps, up to ~3% of the throughput).
     """
     if not vs_plain:
         return 1.0
