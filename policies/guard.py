@@ -10,17 +10,14 @@ not been measurably faster (by ``REQUIRED_GAIN``) than plain ones: near break-ev
 between the two (each return to speculation makes the draft model catch up) and the noise of the
 estimates would cost more than the gain.
 
-Steps in which the draft model first had to catch up on tokens it missed (its lazy prefill of a new
-request, or a return from a plain probe step) count like any other: sustained speculation pays them
-too, and leaving them out made speculation look better than it was. One step is passed over: the
-switch itself, the first speculative step of a probe or of a first contact, where the draft model
-catches up on every request of the batch at once (prompts and all). Sustained speculation pays that
-once, not once per probe: at batch 8 with 150-token code prompts the switch took 45 ms against 14 ms
-for each step after it, and counted, it cost a burst of 12 steps a sixth of its rate. A probe of
-rejected speculation then lasts ``MIN_SPECULATIVE_SAMPLES`` measured steps (a burst of
-``PROBE_BURST``), as sustained speculation would, and speculation gets no verdict before it has that
-many: judged on three, one of them the draft's lazy prefill of a 150-token prompt, speculation at
-batch 1 looked half as fast as plain decode and, so clearly lost, was hardly ever probed again.
+Steps in which the draft model first had to catch up on tokens it missed (its lazy prefill, or a
+return from plain decode) count like any other: the plan's own switching between plain and
+speculative decode costs those catch-ups, and leaving them out made speculation look better than it
+was. So that a probe of rejected speculation is not judged by its catch-up step alone, it lasts
+``PROBE_BURST`` steps, as sustained speculation would, and speculation gets no verdict before it
+has that many steps: judged on three, one of them the draft's lazy prefill of a 150-token prompt,
+speculation at batch 1 looked half as fast as plain decode and, so clearly lost, was hardly ever
+probed again.
 
 Speculative steps are kept apart by route: those where the draft model proposed (alone or beside
 n-gram lookups) and those where only n-gram lookups did. An n-gram proposal costs no model pass, so
@@ -79,8 +76,8 @@ MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate i
 EWMA_WEIGHT = 0.05  # weight of the newest step's tokens and seconds: about the last 20 steps count
 REQUIRED_GAIN = 0.05  # speculation must beat plain decode by this much: near break-even, plain cannot lose
 MAX_PROBE_BOOST = 4.0  # rejected speculation close to its bar is probed at up to this many times probe_rate
-MIN_SPECULATIVE_SAMPLES = 12  # measured speculative steps before their rate counts
-PROBE_BURST = MIN_SPECULATIVE_SAMPLES + 1  # a probe of rejected speculation: the switch, then the measured steps
+PROBE_BURST = 12  # a probe of rejected speculation lasts this many steps (the first pays the draft's catch-up)
+MIN_SPECULATIVE_SAMPLES = PROBE_BURST  # speculative steps before their rate counts: the first may be a catch-up
 ALL_PROPOSERS: frozenset[str] = frozenset(PROPOSERS)
 NO_PROPOSERS: frozenset[str] = frozenset()
 # a speculative step's route -> the proposers it may use; the costlier route first
@@ -101,12 +98,8 @@ class _Arm:
     seconds: float = 0.0
     samples: int = 0
     sizes: dict[int, float] = field(default_factory=dict)  # batch size -> its weight in the averages
-    unmeasured: int = 0  # steps still to pass over: a switch from plain decode is no sample of speculation
 
     def add(self, tokens: int, seconds: float, batch_size: int) -> None:
-        if self.unmeasured > 0:
-            self.unmeasured -= 1
-            return
         w = max(EWMA_WEIGHT, 1.0 / (self.samples + 1))  # a plain mean until the EWMA's horizon is filled
         self.tokens += w * (tokens - self.tokens)
         self.seconds += w * (seconds - self.seconds)
@@ -148,8 +141,8 @@ class GoodputGuard:
         route = "draft" if timing.num_draft_tokens > 0 else "ngram"
         key = (batch_bucket(timing.batch_size), temperature_bucket(temperature), route)
         probe = self._probes.get(key)
-        if probe is None:  # a first contact starts with the switch from plain decode
-            self._speculative.setdefault(key, _Arm(unmeasured=1)).add(*sample)
+        if probe is None:
+            self._speculative.setdefault(key, _Arm()).add(*sample)
             return
         probe.add(*sample)
         if probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
@@ -189,7 +182,7 @@ class GoodputGuard:
         left = self._burst_left.get(key, 0)
         if left == 0 and rng.random() < probe_rate / PROBE_BURST:
             left = PROBE_BURST
-            self._probes[key] = _Arm(unmeasured=1)
+            self._probes[key] = _Arm()
         self._burst_left[key] = max(0, left - 1)
         return "speculate" if left > 0 else "rejected"
 
@@ -268,7 +261,7 @@ class GoodputGuard:
             plain = [arm for size, arm in self._plain.items() if batch_bucket(size) == bucket]
             speculative: dict[str, dict[str, Any]] = {}
             for (b, t, route), arm in sorted(self._speculative.items()):
-                if b == bucket and arm.samples:
+                if b == bucket:
                     plain_rate, _ = self._plain_rate(bucket, arm.sizes)
                     speculative.setdefault(route, {})[TEMPERATURE_BUCKETS[t]] = {
                         "tokens_per_s": arm.rate, "steps": arm.samples,
@@ -291,9 +284,7 @@ def _probe_scale(vs_plain: float | None) -> float:
     the more it wins (at batch 1, where it ran 1.5-1.9x plain decode, each plain probe gave up half a step's
     tokens and made the draft model catch up in the next: 5% of them cost ~3% of the throughput). Either way
     the throughput that probing is expected to cost, the probed share times what that arm loses per step,
-    stays below probe_rate x 2 x ``REQUIRED_GAIN`` (0.5% at the default rate). Not counted there: each burst's
-    switch from plain decode, which the verdict leaves out (about two extra steps at batch 8 with 150-token
-    prompts; at the most boosted rate, a burst every ~65 steps, up to ~3% of the throughput).
+    stays below probe_rate x 2 x ``REQUIRED_GAIN`` (0.5% at the default rate).
     """
     if not vs_plain:
         return 1.0

@@ -28,8 +28,7 @@ from policies.guard import (
 )
 from policies.simulate import SimCost, simulate
 
-# steps of each arm the tests feed before asking for a verdict: the first speculative one is the switch, unmeasured
-SAMPLES = MIN_SPECULATIVE_SAMPLES + 1
+SAMPLES = MIN_SPECULATIVE_SAMPLES  # steps of each arm the tests feed before asking for a verdict
 
 
 def step(batch: int, speculative: bool, tokens: int, seconds: float, route: str = "draft") -> StepTiming:
@@ -95,7 +94,6 @@ def test_summary_reports_each_bucket() -> None:
     guard.observe(step(3, False, 3, 0.01))
     guard.observe(step(0, False, 0, 0.01))  # ignored
     guard.observe(step(3, True, 6, 0.0))  # no step time: ignored
-    guard.observe(step(4, True, 8, 0.05), temperature=0.7)  # the switch from plain decode: not measured
     guard.observe(step(4, True, 8, 0.01), temperature=0.7)
     [row] = guard.summary()
     assert row == {"batch_sizes": [3, 4], "plain": {"tokens_per_s": pytest.approx(300.0), "steps": 1},
@@ -297,22 +295,6 @@ def test_a_probe_measures_speculation_afresh() -> None:
     for _ in range(SAMPLES):
         guard.observe(step(4, True, 10, 0.016))  # speculation now: 625 tokens/s
     assert allowed_fraction(guard, 4, 0.0) == 1.0
-
-
-def test_a_probe_is_not_judged_by_its_switch_from_plain_decode() -> None:
-    """The burst's first step makes the draft model catch up on every request of the batch (prompts and all);
-    sustained speculation pays that once, so it is no sample of what speculation yields."""
-    guard = GoodputGuard()
-    for _ in range(SAMPLES):
-        guard.observe(step(8, False, 8, 0.010))  # plain: 800 tokens/s
-        guard.observe(step(8, True, 8, 0.011))  # speculation lost
-    rng = random.Random(0)
-    while "draft" not in guard.allowed_proposers(8, 0.0, rng, 1.0):  # a probe burst starts
-        pass
-    guard.observe(step(8, True, 16, 0.045))  # the switch: three steps' time
-    for _ in range(MIN_SPECULATIVE_SAMPLES):
-        guard.observe(step(8, True, 16, 0.0175))  # then 910 tokens/s, 1.14x plain decode (1.02x with the switch)
-    assert allowed_fraction(guard, 8, 0.0) == 1.0
 
 
 def test_learned_state_gives_the_guard_the_cost_model_plain_step_time() -> None:
