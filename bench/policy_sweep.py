@@ -28,6 +28,12 @@ Timing noise: on a shared 2-vCPU VM, torch's two threads made the same run vary 
 vCPUs are not alike (a 512 x 512 matmul: 3.0 ms +-3% on one, 2.2-3.6 ms on the other). So the sweep uses
 one thread by default (``--threads``); pin it to the steadier CPU, e.g. ``taskset -c 0``.
 
+``--twin`` adds a noise control: a second copy of ``draft k=2``, judged like the adaptive policy (vs the
+best fixed policy, the copy itself left out of that choice) and against its original. Two identical
+policies show how far a cell's paired ratios stray by chance, and how often a policy that *is* a fixed
+one (the best one, in cells where draft k=2 is best) reads below 0.95x "best fixed": the best of four noisy
+medians is biased upwards.
+
 Each cell first runs every policy ``--warmup`` times untimed, as any benchmark warms up. For the
 adaptive policy this also stands for the traffic a long-running server has already served: it
 has seen the cell's batch size and temperature before. Its cold runs are kept in the JSON
@@ -57,6 +63,7 @@ POLICIES = {
     "draft k=6": {"mode": "draft", "k": 6},
     "ngram k=4": {"mode": "ngram", "k": 4},
 }
+TWIN, TWIN_OF = "draft k=2 (twin)", "draft k=2"
 
 
 def main() -> None:
@@ -73,6 +80,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs per cell and policy; the median is reported")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per cell and policy before the repeats")
     ap.add_argument("--output", default="policy_sweep", help="name of the JSON and PNG in bench/results/")
+    ap.add_argument("--twin", action="store_true", help="add a copy of draft k=2 as a noise control (see above)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1,
@@ -95,6 +103,8 @@ def main() -> None:
                 if name in ("adaptive", "off") or name in args.policies.split(",")}
     if len(policies) < 3:
         raise SystemExit("--policies: name at least one fixed policy to compare the adaptive one with")
+    if args.twin:
+        policies[TWIN] = policies[TWIN_OF] = POLICIES[TWIN_OF]
     run_engine(engine, [engine.tokenizer.encode("def f(x):")] * 2, SamplingParams(max_tokens=16))  # warm-up
     rows, summary = [], []
     for workload, texts in workloads.items():
@@ -138,8 +148,9 @@ def main() -> None:
                       f"adaptive {results['adaptive'].tokens_per_s:.0f} = {verdict['adaptive_vs_best_fixed']:.2f}x "
                       f"best fixed, {verdict['adaptive_vs_off']:.2f}x off (paired)", flush=True)
     print(table(rows, ["workload", "temperature", "concurrency", "policy", "tok_s", "tpot_ms", "vs_off", "acceptance"]))
+    twin_columns = ["twin_vs_best_fixed", "twin_vs_original"] if args.twin else []
     print(table(summary, ["workload", "temperature", "concurrency", "best_fixed", "adaptive_vs_best_fixed",
-                          "adaptive_vs_off", "spread"]))
+                          "adaptive_vs_off", "spread", *twin_columns]))
     near_best = sum(c["adaptive_vs_best_fixed"] >= 0.95 for c in summary)
     not_below_off = sum(c["adaptive_vs_off"] >= 1.0 for c in summary)
     near_off = sum(c["adaptive_vs_off"] >= 0.95 for c in summary)
@@ -149,6 +160,12 @@ def main() -> None:
     print(f"adaptive >= 0.95x best fixed in {near_best}/{cells} cells, >= 1.0x off in {not_below_off}/{cells} "
           f"(>= 0.95x off in {near_off}/{cells}); geomean {geomean['adaptive_vs_best_fixed']:.3f}x best fixed, "
           f"{geomean['adaptive_vs_off']:.3f}x off")
+    if args.twin:
+        twin_near_best = sum(c["twin_vs_best_fixed"] >= 0.95 for c in summary)
+        twin_close = sum(abs(c["twin_vs_original"] - 1.0) <= 0.05 for c in summary)
+        print(f"noise control ({TWIN}): >= 0.95x best fixed in {twin_near_best}/{cells} cells, within 5% of "
+              f"its original in {twin_close}/{cells}; geomean "
+              f"{statistics.geometric_mean(c['twin_vs_best_fixed'] for c in summary):.3f}x best fixed")
     path = save(args.output, {"args": vars(args), "rows": rows, "summary": summary})
     plot(rows, args.output)
     print(f"saved {path}")
@@ -167,15 +184,22 @@ def output_lengths(num_requests: int, mean: int, spread: float) -> list[int]:
 
 def summarize_cell(cell: dict, runs: dict[str, list[RunResult]]) -> dict:
     """Adaptive vs off and vs the best fixed policy (highest median), each as the median of paired per-round
-    ratios; ``spread``: the median over policies of (max - min) / median of their runs, the cell's noise."""
+    ratios; ``spread``: the median over policies of (max - min) / median of their runs, the cell's noise.
+    With the twin (noise control) run: the twin vs the best fixed policy and vs its original, alike."""
     median = statistics.median
     rates = {name: [r.tokens_per_s for r in rs] for name, rs in runs.items()}
-    best_fixed = max((name for name in rates if name not in ("off", "adaptive")), key=lambda name: median(rates[name]))
-    paired = {other: median([a / b for a, b in zip(rates["adaptive"], rates[other], strict=True)])
-              for other in ("off", best_fixed)}
+    best_fixed = max((name for name in rates if name not in ("off", "adaptive", TWIN)),
+                     key=lambda name: median(rates[name]))
+
+    def paired(name: str, other: str) -> float:
+        return median([a / b for a, b in zip(rates[name], rates[other], strict=True)])
+
     spread = median([(max(v) - min(v)) / median(v) for v in rates.values()])
-    return {**cell, "best_fixed": best_fixed, "adaptive_vs_best_fixed": paired[best_fixed],
-            "adaptive_vs_off": paired["off"], "spread": spread}
+    summary = {**cell, "best_fixed": best_fixed, "adaptive_vs_best_fixed": paired("adaptive", best_fixed),
+               "adaptive_vs_off": paired("adaptive", "off"), "spread": spread}
+    if TWIN in rates:
+        summary |= {"twin_vs_best_fixed": paired(TWIN, best_fixed), "twin_vs_original": paired(TWIN, TWIN_OF)}
+    return summary
 
 
 def plot(rows: list[dict], output: str) -> None:
@@ -185,7 +209,8 @@ def plot(rows: list[dict], output: str) -> None:
     import matplotlib.pyplot as plt
 
     cells = sorted({(r["workload"], r["temperature"]) for r in rows})
-    fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 4), sharey=True)
+    fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 4), sharey=True, squeeze=False)
+    axes = axes[0]
     for ax, (workload, temperature) in zip(axes, cells):
         for name in POLICIES:
             sub = [r for r in rows if (r["workload"], r["temperature"], r["policy"]) == (workload, temperature, name)]
