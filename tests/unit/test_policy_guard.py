@@ -22,13 +22,16 @@ from policies.guard import (
     MAX_PROBE_BOOST,
     MEASURE_PLAIN_RATE,
     MIN_SPECULATIVE_SAMPLES,
+    NEAR_MISS,
     PROBE_BURST,
+    SURE_SAMPLES,
     GoodputGuard,
     batch_bucket,
 )
 from policies.simulate import SimCost, simulate
 
 SAMPLES = MIN_SPECULATIVE_SAMPLES  # steps of each arm the tests feed before asking for a verdict
+SURE = SURE_SAMPLES  # speculative steps before a near miss of the bar settles as a rejection
 
 
 def step(batch: int, speculative: bool, tokens: int, seconds: float, route: str = "draft") -> StepTiming:
@@ -69,7 +72,7 @@ def test_speculation_is_allowed_until_both_arms_are_measured() -> None:
 def test_verdict_follows_the_measured_rates_with_probes(spec_tokens: float, probe_rate: float | None,
                                                          tolerance: float) -> None:
     guard = GoodputGuard()
-    for _ in range(SAMPLES):
+    for _ in range(SURE):
         guard.observe(step(16, False, 16, 0.010))  # plain: 1600 tokens/s
         guard.observe(step(16, True, spec_tokens, 0.015))
     expected = 1 - 0.05 * 0.1 / 0.25 if probe_rate is None else probe_rate / (1 + probe_rate)
@@ -185,7 +188,7 @@ def test_settings_validate_the_guard_fields() -> None:
 def test_a_probe_of_rejected_speculation_is_a_burst_of_steps() -> None:
     """Its first step pays the draft model's catch-up; sustained speculation would not pay it every step."""
     guard = GoodputGuard()
-    for _ in range(SAMPLES):
+    for _ in range(SURE):
         guard.observe(step(8, False, 8, 0.010))
         guard.observe(step(8, True, 8, 0.0104))  # speculation falls just short of the required gain
     rng = random.Random(1)
@@ -281,6 +284,30 @@ def test_speculation_gets_no_verdict_before_a_burst_of_steps() -> None:
     assert 0.95 < allowed_fraction(guard, 1, 0.05) < 1.0  # ~260 tokens/s: speculate
 
 
+def test_a_near_miss_rejects_speculation_only_on_more_steps() -> None:
+    """Twelve steps, one of them the switch from plain decode, cannot tell 0.95x from 1.1x: a first contact at
+    batch 4 measured 0.94x and decoded plainly for two runs while speculation was 1.2x faster."""
+    guard = GoodputGuard()
+    for _ in range(SAMPLES):
+        guard.observe(step(4, False, 4, 0.010))  # plain: 400 tokens/s
+    guard.observe(step(4, True, 4, 0.040))  # the switch: the draft model catches up on every request
+    for _ in range(SAMPLES - 1):
+        guard.observe(step(4, True, 9, 0.020))
+    assert NEAR_MISS < guard.summary()[0]["speculative"]["draft"]["T=0"]["vs_plain"] < 1.0
+    assert allowed_fraction(guard, 4, 0.0) == 1.0  # a near miss on too few steps: it keeps speculating
+    for _ in range(SURE - SAMPLES):
+        guard.observe(step(4, True, 9, 0.020))  # 450 tokens/s: over the bar once the switch is diluted
+    assert allowed_fraction(guard, 4, 0.0) == 1.0
+    for _ in range(SURE):
+        guard.observe(step(4, True, 6, 0.015))  # 400 tokens/s, settled on enough steps: rejected
+    assert allowed_fraction(guard, 4, 0.0) == 0.0
+    bad = GoodputGuard()
+    for _ in range(SAMPLES):
+        bad.observe(step(4, False, 4, 0.010))
+        bad.observe(step(4, True, 6, 0.020))  # 300 tokens/s: no near miss, rejected on the first burst
+    assert allowed_fraction(bad, 4, 0.0) == 0.0
+
+
 def test_a_probe_measures_speculation_afresh() -> None:
     """Speculation rejected on its early steps (short drafts from a cautious prior) is re-judged on the
     probe's own steps, not on an average that still holds the old ones."""
@@ -317,7 +344,7 @@ def test_speculation_is_compared_with_plain_decode_at_its_own_batch_sizes() -> N
     for size in (9, 10, 11, 12, 16):
         for _ in range(5 if size < 16 else 3):
             guard.observe(step(size, False, size, plain_seconds(size)))  # plain at 16: 571 tokens/s
-    for _ in range(SAMPLES):
+    for _ in range(SURE):
         guard.observe(step(16, True, 17, 0.030))  # 567 tokens/s: beats the tail's ~440, not plain at 16
     assert allowed_fraction(guard, 16, 0.0) == 0.0
     [row] = guard.summary()
@@ -329,7 +356,7 @@ def test_unmeasured_batch_sizes_take_the_cost_model_corrected_by_measured_ones()
     guard = GoodputGuard(plain_estimate=plain_seconds)
     for _ in range(3):
         guard.observe(step(9, False, 9, 1.2 * plain_seconds(9)))
-    for _ in range(SAMPLES):
+    for _ in range(SURE):
         guard.observe(step(16, True, 16, 0.032))  # 500 tokens/s vs plain's 16 / (1.2 x 28 ms) = 476: not 5% more
     assert allowed_fraction(guard, 16, 0.0) == 0.0
     for _ in range(SAMPLES):
