@@ -51,12 +51,11 @@ speculation takes plain steps the more rarely the more clearly it wins (see ``_p
 plain decode was never measured compares speculation with the cost model's plain rate instead, and takes
 plain steps at a higher rate until it has ``MIN_SAMPLES`` of them.
 
-Speculation that missed its bar without clearly losing (at ``CLEAR_LOSS`` or more of plain decode's rate)
-is rejected only on ``SURE_SAMPLES`` steps; before that, it keeps speculating. Twelve steps, one of them the
-switch from plain decode (every request's draft catch-up), are too few to tell 0.85x from 1.15x: at batch 4,
-greedy code, a first contact measured 0.84x (fixed draft k = 2 ran the cell 1.18x faster than plain decode),
-and at T = 1, 0.94x; either cell then decoded plainly for two whole runs, until a probe found speculation
-paying. Where speculation truly loses by up to a quarter, the extra steps cost ~3 steps' worth per burst.
+A near miss (speculation at ``NEAR_MISS`` or more of plain decode's rate, yet under its bar) rejects
+speculation only on ``SURE_SAMPLES`` steps; before that, it keeps speculating. Twelve steps, one of them
+the switch from plain decode (every request's draft catch-up), are too few to tell 0.95x from 1.1x: at
+batch 4, T = 1, a first contact measured 0.94x, and the cell decoded plainly for two whole runs until a
+probe found speculation 1.2x faster. Where it truly only breaks even, the extra steps cost next to nothing.
 
 A batch-size bucket where speculation was never measured starts from the verdict of the nearest smaller
 batch size at the same temperature: if speculation lost there, it is rejected (and probed) here too,
@@ -85,8 +84,8 @@ REQUIRED_GAIN = 0.05  # speculation must beat plain decode by this much: near br
 MAX_PROBE_BOOST = 4.0  # rejected speculation close to its bar is probed at up to this many times probe_rate
 PROBE_BURST = 12  # a probe of rejected speculation lasts this many steps (the first pays the draft's catch-up)
 MIN_SPECULATIVE_SAMPLES = PROBE_BURST  # speculative steps before their rate counts: the first may be a catch-up
-SURE_SAMPLES = 2 * MIN_SPECULATIVE_SAMPLES  # speculative steps before an unclear loss rejects speculation
-CLEAR_LOSS = 0.75  # speculation under this ratio to plain decode clearly lost: its first burst settles it
+SURE_SAMPLES = 2 * MIN_SPECULATIVE_SAMPLES  # speculative steps before a near miss of the bar rejects speculation
+NEAR_MISS = 1.0 - 2 * REQUIRED_GAIN  # speculation at or above this ratio to plain decode only just missed its bar
 ALL_PROPOSERS: frozenset[str] = frozenset(PROPOSERS)
 NO_PROPOSERS: frozenset[str] = frozenset()
 # a speculative step's route -> the proposers it may use; the costlier route first
@@ -199,7 +198,7 @@ class GoodputGuard:
 
     def _judge(self, bucket: int, temperature_key: int, route: str) -> tuple[str | None, float | None]:
         """(verdict, speculation's rate over plain decode's at the same batch sizes or None). The verdict:
-        speculate | decode plainly | measure plain | measure more (an unclear loss on too few steps); None while
+        speculate | decode plainly | measure plain | measure more (a near miss on too few steps); None while
         speculation here is unmeasured.
 
         Until plain steps of the bucket are measured, the cost model's plain rate stands in for them: where
@@ -217,7 +216,7 @@ class GoodputGuard:
         vs_plain = spec.rate / plain_rate
         if spec.rate >= plain_rate * (1.0 + REQUIRED_GAIN):
             return ("speculate" if plain_measured else "measure plain"), vs_plain
-        if vs_plain >= CLEAR_LOSS and spec.samples < SURE_SAMPLES:
+        if vs_plain >= NEAR_MISS and spec.samples < SURE_SAMPLES:
             return "measure more", vs_plain
         return "decode plainly", vs_plain
 

@@ -19,10 +19,10 @@ from policies import (
 )
 from policies.guard import (
     ALL_PROPOSERS,
-    CLEAR_LOSS,
     MAX_PROBE_BOOST,
     MEASURE_PLAIN_RATE,
     MIN_SPECULATIVE_SAMPLES,
+    NEAR_MISS,
     PROBE_BURST,
     SURE_SAMPLES,
     GoodputGuard,
@@ -31,7 +31,7 @@ from policies.guard import (
 from policies.simulate import SimCost, simulate
 
 SAMPLES = MIN_SPECULATIVE_SAMPLES  # steps of each arm the tests feed before asking for a verdict
-SURE = SURE_SAMPLES  # speculative steps before an unclear loss settles as a rejection
+SURE = SURE_SAMPLES  # speculative steps before a near miss of the bar settles as a rejection
 
 
 def step(batch: int, speculative: bool, tokens: int, seconds: float, route: str = "draft") -> StepTiming:
@@ -86,7 +86,7 @@ def test_speculative_rates_are_kept_per_temperature() -> None:
     for _ in range(SAMPLES):
         guard.observe(step(16, False, 16, 0.010))
         guard.observe(step(16, True, 32, 0.012), temperature=0.0)
-        guard.observe(step(16, True, 17, 0.020), temperature=1.0)
+        guard.observe(step(16, True, 17, 0.012), temperature=1.0)
     assert allowed_fraction(guard, 16, 0.0, temperature=0.0) == 1.0
     assert allowed_fraction(guard, 16, 0.0, temperature=1.0) == 0.0
     assert allowed_fraction(guard, 16, 0.0, temperature=0.7) == 1.0  # nothing measured at T=0.7 yet
@@ -162,7 +162,7 @@ def test_unmeasured_plain_decode_is_judged_by_the_cost_model() -> None:
         draws = [guard.allowed_proposers(16, 0.0, rng, 0.0) for _ in range(2000)]
         return sum("draft" in allowed for allowed in draws) / len(draws)
 
-    assert fraction(2500.0) == 0.0  # plain predicted far faster: plain steps, which then measure it
+    assert fraction(2000.0) == 0.0  # plain predicted faster: plain steps, which then measure it
     assert fraction(1200.0) == pytest.approx(1 - MEASURE_PLAIN_RATE, abs=0.03)  # speculation wins: keep measuring
 
 
@@ -284,27 +284,27 @@ def test_speculation_gets_no_verdict_before_a_burst_of_steps() -> None:
     assert 0.95 < allowed_fraction(guard, 1, 0.05) < 1.0  # ~260 tokens/s: speculate
 
 
-def test_an_unclear_loss_rejects_speculation_only_on_more_steps() -> None:
-    """Twelve steps, one of them the switch from plain decode, cannot tell 0.85x from 1.15x: a first contact at
-    batch 4 measured 0.84x and decoded plainly for two runs while speculation was 1.18x faster."""
+def test_a_near_miss_rejects_speculation_only_on_more_steps() -> None:
+    """Twelve steps, one of them the switch from plain decode, cannot tell 0.95x from 1.1x: a first contact at
+    batch 4 measured 0.94x and decoded plainly for two runs while speculation was 1.2x faster."""
     guard = GoodputGuard()
     for _ in range(SAMPLES):
         guard.observe(step(4, False, 4, 0.010))  # plain: 400 tokens/s
-    guard.observe(step(4, True, 4, 0.060))  # the switch: the draft model catches up on every request
+    guard.observe(step(4, True, 4, 0.040))  # the switch: the draft model catches up on every request
     for _ in range(SAMPLES - 1):
-        guard.observe(step(4, True, 8, 0.020))
-    assert CLEAR_LOSS < guard.summary()[0]["speculative"]["draft"]["T=0"]["vs_plain"] < 0.9
-    assert allowed_fraction(guard, 4, 0.0) == 1.0  # an unclear loss on too few steps: it keeps speculating
+        guard.observe(step(4, True, 9, 0.020))
+    assert NEAR_MISS < guard.summary()[0]["speculative"]["draft"]["T=0"]["vs_plain"] < 1.0
+    assert allowed_fraction(guard, 4, 0.0) == 1.0  # a near miss on too few steps: it keeps speculating
     for _ in range(SURE - SAMPLES):
-        guard.observe(step(4, True, 12, 0.020))  # 600 tokens/s: well over the bar once the switch is diluted
+        guard.observe(step(4, True, 9, 0.020))  # 450 tokens/s: over the bar once the switch is diluted
     assert allowed_fraction(guard, 4, 0.0) == 1.0
     for _ in range(SURE):
-        guard.observe(step(4, True, 5, 0.015))  # 333 tokens/s (0.83x) on enough steps: rejected
+        guard.observe(step(4, True, 6, 0.015))  # 400 tokens/s, settled on enough steps: rejected
     assert allowed_fraction(guard, 4, 0.0) == 0.0
     bad = GoodputGuard()
     for _ in range(SAMPLES):
         bad.observe(step(4, False, 4, 0.010))
-        bad.observe(step(4, True, 5, 0.020))  # 250 tokens/s: a clear loss, settled by the first burst
+        bad.observe(step(4, True, 6, 0.020))  # 300 tokens/s: no near miss, rejected on the first burst
     assert allowed_fraction(bad, 4, 0.0) == 0.0
 
 
