@@ -1,0 +1,29 @@
+"""The policy sweep's per-cell verdicts: paired ratios, the best fixed policy, and the twin noise control."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.common import RunResult
+from bench.policy_sweep import TWIN, TWIN_OF, summarize_cell
+
+
+def runs(*rates: float) -> list[RunResult]:
+    return [RunResult(seconds=1.0, num_tokens=int(rate)) for rate in rates]
+
+
+def test_cell_verdicts_are_medians_of_paired_ratios_and_the_twin_never_counts_as_best_fixed() -> None:
+    cell = {"workload": "code", "temperature": 0.0, "concurrency": 4}
+    summary = summarize_cell(cell, {
+        "adaptive": runs(110, 100, 120),
+        "off": runs(100, 100, 100),
+        TWIN_OF: runs(100, 90, 130),  # median 100
+        "draft k=4": runs(105, 95, 110),  # median 105: the best fixed policy
+        TWIN: runs(200, 200, 200),  # faster than all, but a control: never "best fixed"
+    })
+    assert summary["best_fixed"] == "draft k=4"
+    assert summary["adaptive_vs_best_fixed"] == pytest.approx(100 / 95)  # the median of 1.048, 1.053, 1.091
+    assert summary["adaptive_vs_off"] == pytest.approx(1.1)
+    assert summary["twin_vs_best_fixed"] == pytest.approx(200 / 105)
+    assert summary["twin_vs_original"] == pytest.approx(200 / 100)
+    assert "twin_vs_original" not in summarize_cell(cell, {"adaptive": runs(1), "off": runs(1), TWIN_OF: runs(1)})
