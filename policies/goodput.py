@@ -11,8 +11,11 @@ Maximising a ratio is done by Dinkelbach's method: for a price lambda (seconds a
 maximise sum_i E_i - lambda * T. For a fixed K_d that problem separates per request (each picks plain,
 n-gram, or draft with k <= K_d), so enumerating K_d = 0..k_max solves it exactly; the fixed cost g of
 speculating at all is then weighed against plain decode for everyone. lambda is raised to the goodput
-of the solution until it stops improving (a few iterations). Everything is vectorised over
-[requests, k], a few hundred microseconds for 32 requests.
+of the solution until it stops improving (a few iterations).
+
+It runs every engine step, in plain Python: numpy's per-call overhead on arrays of a few requests made
+the vectorised solver take ~80 us at 1-8 requests, 1-2% of a small batch's step on the bundled pair;
+this one takes 13-60 us there, and ~130 us at 32 requests, where steps take 10+ ms.
 
 Hysteresis enters as a bonus: a request's previous choice counts its expected tokens times (1 + h),
 so a new choice must beat it by more than h to be taken.
@@ -20,10 +23,9 @@ so a new choice must beat it by more than h to be taken.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from policies.base import ProposerName
 from policies.cost_model import CostCoefficients, DraftPlan
@@ -67,13 +69,22 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def _tables(alphas: np.ndarray, caps: np.ndarray, ks: np.ndarray) -> np.ndarray:
-    """E[tokens] per [request, k] with -inf where k is 0 or above the request's cap."""
-    alphas = np.clip(alphas, 0.0, 1.0 - 1e-9)[:, None]  # alpha = 1 is the limit k + 1
-    table: np.ndarray = (1.0 - alphas ** (ks[None, :] + 1)) / (1.0 - alphas)
-    invalid = (ks[None, :] > caps[:, None]) | (ks[None, :] == 0)
-    table[invalid] = -np.inf
-    return table
+def _token_table(alpha: float, cap: int) -> list[float]:
+    """E[tokens] for k = 0..cap; k = 0 (plain decode, scored apart) is -inf."""
+    alpha = min(max(alpha, 0.0), 1.0 - 1e-9)  # alpha = 1 is the limit k + 1
+    return [-math.inf] + [(1.0 - alpha ** (k + 1)) / (1.0 - alpha) for k in range(1, cap + 1)]
+
+
+@dataclass
+class _Tables:
+    """Per request: the value of plain decode and E[tokens] per k for each proposer (index k, up to its cap)."""
+
+    plain: list[float]
+    draft: list[list[float]]
+    ngram: list[list[float]]
+
+
+Choice = tuple[list[int], list[bool]]  # per request: k, and whether the draft model proposes (else n-gram)
 
 
 def plan_batch(
@@ -83,132 +94,108 @@ def plan_batch(
     hysteresis: float = 0.0,
 ) -> BatchPlan:
     """The goodput-maximising (k, proposer) of every request (exact for the cost model, see module doc)."""
-    if len(candidates) == 1:
-        return _plan_single(candidates[0], coeffs, num_prefill_tokens, hysteresis)
-    return _plan_general(candidates, coeffs, num_prefill_tokens, hysteresis)
-
-
-def _plan_single(candidate: Candidate, coeffs: CostCoefficients, num_prefill_tokens: int,
-                 hysteresis: float) -> BatchPlan:
-    """One request: score each of its (at most 2 k_max + 1) options directly, in plain Python.
-
-    Same optimum as the general solver (Dinkelbach converges to the best ratio), at a tenth of its cost,
-    which matters where the steps are shortest: batch 1.
-    """
-    base_tokens = 1 + num_prefill_tokens
-    previous = candidate.previous
-    options: list[tuple[ProposerName, int, float]] = [(DRAFT, 0, 1.0)]
-    for proposer, alpha, cap in ((DRAFT, candidate.alpha_draft, candidate.max_k_draft),
-                                 (NGRAM, candidate.alpha_ngram, candidate.max_k_ngram)):
-        alpha = min(max(alpha, 0.0), 1.0 - 1e-9)
-        options += [(proposer, k, expected_tokens(alpha, k)) for k in range(1, cap + 1)]
-
-    def seconds(proposer: ProposerName, k: int) -> float:
-        draft = DraftPlan(k, 1) if proposer == DRAFT and k > 0 else None
-        return coeffs.step_seconds(1, base_tokens + k, draft, verifies=k > 0)
-
-    def objective(option: tuple[ProposerName, int, float]) -> float:
-        proposer, k, tokens = option
-        sticky = previous is not None and previous[1] == k and (k == 0 or previous[0] == proposer)
-        return tokens * (1.0 + hysteresis if sticky else 1.0) / seconds(proposer, k)
-
-    proposer, k, tokens = max(options, key=objective)
-    return BatchPlan((k,), (proposer,), tokens, seconds(proposer, k), 1, base_tokens + k,
-                     k if proposer == DRAFT else 0, 1 if proposer == DRAFT and k > 0 else 0)
-
-
-def _plan_general(candidates: Sequence[Candidate], coeffs: CostCoefficients, num_prefill_tokens: int,
-                  hysteresis: float) -> BatchPlan:
     n = len(candidates)
-    k_top = max((max(c.max_k_draft, c.max_k_ngram) for c in candidates), default=0)
     base_tokens = n + num_prefill_tokens
-    if k_top == 0:
+    if max((max(c.max_k_draft, c.max_k_ngram) for c in candidates), default=0) == 0:
         return _plain_plan(n, base_tokens, coeffs)
-    ks = np.arange(k_top + 1)
-    caps_draft, caps_ngram = (
-        np.array([c.max_k_draft for c in candidates]),
-        np.array([c.max_k_ngram for c in candidates]),
+    true = _Tables([1.0] * n, [_token_table(c.alpha_draft, c.max_k_draft) for c in candidates],
+                   [_token_table(c.alpha_ngram, c.max_k_ngram) for c in candidates])
+    objective = _with_hysteresis(true, candidates, 1.0 + hysteresis)
+    choice: Choice = ([0] * n, [False] * n)
+    lam = sum(objective.plain) / coeffs.target_seconds(n, base_tokens)
+    for _ in range(MAX_DINKELBACH_ITERATIONS):
+        candidate = _solve_for_price(lam, objective, coeffs)
+        tokens, seconds = _evaluate(candidate, objective, base_tokens, coeffs)
+        if tokens / seconds <= lam * (1.0 + 1e-12):
+            break
+        lam, choice = tokens / seconds, candidate
+    ks, uses_draft = choice
+    tokens, seconds = _evaluate(choice, true, base_tokens, coeffs)
+    draft_ks = [k for k, draft in zip(ks, uses_draft, strict=True) if draft]
+    return BatchPlan(
+        ks=tuple(ks),
+        proposers=tuple(DRAFT if draft or not k else NGRAM for k, draft in zip(ks, uses_draft, strict=True)),
+        expected_tokens=tokens,
+        step_seconds=seconds,
+        batch_size=n,
+        num_tokens=base_tokens + sum(ks),
+        draft_passes=max(draft_ks, default=0),
+        num_draft_requests=len(draft_ks),
     )
-    true_draft = _tables(np.array([c.alpha_draft for c in candidates]), caps_draft, ks)
-    true_ngram = _tables(np.array([c.alpha_ngram for c in candidates]), caps_ngram, ks)
-    obj_draft, obj_ngram, obj_plain = true_draft.copy(), true_ngram.copy(), np.ones(n)
-    for i, c in enumerate(candidates):  # hysteresis bonus on last step's choice
+
+
+def _with_hysteresis(true: _Tables, candidates: Sequence[Candidate], bonus: float) -> _Tables:
+    """The objective's tables: each request's previous choice counts its expected tokens times ``bonus``."""
+    tables = _Tables(list(true.plain), [list(t) for t in true.draft], [list(t) for t in true.ngram])
+    for i, c in enumerate(candidates):
         if c.previous is None:
             continue
         proposer, k = c.previous
         if k == 0:
-            obj_plain[i] *= 1.0 + hysteresis
-        elif k <= k_top:
-            (obj_draft if proposer == "draft" else obj_ngram)[i, k] *= 1.0 + hysteresis
-
-    rows = np.arange(n)
-    choice = (np.zeros(n, dtype=int), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))  # k, uses draft, uses ngram
-    lam = obj_plain.sum() / coeffs.target_seconds(n, base_tokens)
-    for _ in range(MAX_DINKELBACH_ITERATIONS):
-        candidate = _solve_for_price(lam, obj_draft, obj_ngram, obj_plain, ks, coeffs)
-        objective, seconds = _evaluate(candidate, obj_draft, obj_ngram, obj_plain, rows, base_tokens, coeffs)
-        if objective / seconds <= lam * (1.0 + 1e-12):
-            break
-        lam, choice = objective / seconds, candidate
-    return _to_plan(choice, true_draft, true_ngram, rows, base_tokens, coeffs)
+            tables.plain[i] *= bonus
+            continue
+        table = (tables.draft if proposer == DRAFT else tables.ngram)[i]
+        if k < len(table):
+            table[k] *= bonus
+    return tables
 
 
-def _solve_for_price(
-    lam: float, obj_draft: np.ndarray, obj_ngram: np.ndarray, obj_plain: np.ndarray, ks: np.ndarray,
-    coeffs: CostCoefficients,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-    """argmax of sum_i E_i - lam * T over all choices, by enumerating the draft pass count K_d."""
-    token_price = lam * coeffs.c * ks
-    net_ngram = obj_ngram - token_price  # [n, K+1]
-    k_ngram = net_ngram.argmax(axis=1)
-    value_ngram = net_ngram[np.arange(len(obj_plain)), k_ngram]
-    value_other = np.maximum(obj_plain, value_ngram)  # best choice without the draft model
-    net_draft = obj_draft - token_price  # [n, K+1]
-    best_up_to = np.maximum.accumulate(net_draft, axis=1)  # best draft value with k <= K_d
-    per_user = best_up_to - lam * coeffs.e * ks[None, :]
-    totals = np.maximum(value_other[:, None], per_user).sum(axis=0) - lam * (coeffs.d * ks + coeffs.f * (ks > 0))
-    passes = int(totals.argmax())
-    use_draft = np.zeros(len(obj_plain), dtype=bool)
-    k_draft = np.zeros(len(obj_plain), dtype=int)
-    if passes > 0:
-        use_draft = per_user[:, passes] > value_other
-        k_draft = net_draft[:, : passes + 1].argmax(axis=1)
-    use_ngram = ~use_draft & (value_ngram > obj_plain)
-    k = np.where(use_draft, k_draft, np.where(use_ngram, k_ngram, 0))
-    if k.any() and totals[passes] - lam * coeffs.g < obj_plain.sum():  # speculating does not pay its fixed cost
-        return np.zeros_like(k), np.zeros_like(use_draft), np.zeros_like(use_ngram)
-    return k, use_draft, use_ngram
+def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> Choice:
+    """argmax of sum_i E_i - lam * T over all choices, by enumerating the draft pass count K_d.
+
+    Per request: the best choice without the draft model (plain or n-gram), and for each K_d the best draft
+    k <= K_d with what it gains over that; the K_d whose summed gains best pay for its passes wins.
+    """
+    token_price, user_price = lam * coeffs.c, lam * coeffs.e
+    k_top = max(len(t) for t in tables.draft) - 1
+    gains = [0.0] * (k_top + 1)  # per K_d: summed gains of the requests that draft at it
+    without_draft: list[tuple[float, int]] = []  # per request: (value, n-gram k or 0) of its best non-draft choice
+    draft_k: list[list[int]] = []  # per request and K_d: its best draft k <= K_d
+    for plain, draft, ngram in zip(tables.plain, tables.draft, tables.ngram, strict=True):
+        value, k_ngram = plain, 0
+        for k in range(1, len(ngram)):
+            if ngram[k] - token_price * k > value:
+                value, k_ngram = ngram[k] - token_price * k, k
+        without_draft.append((value, k_ngram))
+        best, best_k, ks = -math.inf, 0, [0]
+        for passes in range(1, k_top + 1):
+            if passes < len(draft) and draft[passes] - token_price * passes > best:
+                best, best_k = draft[passes] - token_price * passes, passes
+            gain = best - user_price * passes - value
+            if gain > 0.0:
+                gains[passes] += gain
+            ks.append(best_k)
+        draft_k.append(ks)
+    base = sum(value for value, _ in without_draft)
+    total, passes = base, 0
+    for k_d in range(1, k_top + 1):
+        if base + gains[k_d] - lam * (coeffs.d * k_d + coeffs.f) > total:
+            total, passes = base + gains[k_d] - lam * (coeffs.d * k_d + coeffs.f), k_d
+    ks, uses_draft = [], []
+    for draft, (value, k_ngram), k_by_passes in zip(tables.draft, without_draft, draft_k, strict=True):
+        k = k_by_passes[passes]
+        drafts = k > 0 and draft[k] - token_price * k - user_price * passes > value
+        ks.append(k if drafts else k_ngram)
+        uses_draft.append(drafts)
+    if any(ks) and total - lam * coeffs.g < sum(tables.plain):  # speculating does not pay its fixed cost
+        return [0] * len(ks), [False] * len(ks)
+    return ks, uses_draft
 
 
-def _evaluate(
-    choice: tuple[np.ndarray, np.ndarray, np.ndarray], table_draft: np.ndarray, table_ngram: np.ndarray,
-    plain: np.ndarray, rows: np.ndarray, base_tokens: int, coeffs: CostCoefficients,
-) -> tuple[float, float]:  # fmt: skip
+def _evaluate(choice: Choice, tables: _Tables, base_tokens: int, coeffs: CostCoefficients) -> tuple[float, float]:
     """(expected tokens under the given tables, predicted step seconds) of a choice."""
-    k, use_draft, use_ngram = choice
-    tokens = np.where(use_draft, table_draft[rows, k], np.where(use_ngram, table_ngram[rows, k], plain))
-    num_draft = int(use_draft.sum())
-    plan = DraftPlan(int(k[use_draft].max()), num_draft) if num_draft else None
-    return float(tokens.sum()), coeffs.step_seconds(len(rows), base_tokens + int(k.sum()), plan, verifies=bool(k.any()))
-
-
-def _to_plan(
-    choice: tuple[np.ndarray, np.ndarray, np.ndarray], true_draft: np.ndarray, true_ngram: np.ndarray,
-    rows: np.ndarray, base_tokens: int, coeffs: CostCoefficients,
-) -> BatchPlan:  # fmt: skip
-    k, use_draft, use_ngram = choice
-    tokens, seconds = _evaluate(choice, true_draft, true_ngram, np.ones(len(rows)), rows, base_tokens, coeffs)
-    num_draft = int(use_draft.sum())
-    return BatchPlan(
-        ks=tuple(int(v) for v in k),
-        proposers=tuple(NGRAM if ng else DRAFT for ng in use_ngram),
-        expected_tokens=tokens,
-        step_seconds=seconds,
-        batch_size=len(rows),
-        num_tokens=base_tokens + int(k.sum()),
-        draft_passes=int(k[use_draft].max()) if num_draft else 0,
-        num_draft_requests=num_draft,
-    )
+    ks, uses_draft = choice
+    tokens, passes, users = 0.0, 0, 0
+    for i, (k, draft) in enumerate(zip(ks, uses_draft, strict=True)):
+        if k == 0:
+            tokens += tables.plain[i]
+        elif draft:
+            tokens, passes, users = tokens + tables.draft[i][k], max(passes, k), users + 1
+        else:
+            tokens += tables.ngram[i][k]
+    num_drafted = sum(ks)
+    plan = DraftPlan(passes, users) if users else None
+    return tokens, coeffs.step_seconds(len(ks), base_tokens + num_drafted, plan, verifies=num_drafted > 0)
 
 
 def _plain_plan(n: int, base_tokens: int, coeffs: CostCoefficients) -> BatchPlan:
