@@ -14,7 +14,7 @@ speculating at all is then weighed against plain decode for everyone. lambda is 
 of the solution until it stops improving (a few iterations).
 
 It runs every engine step, in plain Python: numpy's per-call overhead on arrays of a few requests made
-the vectorised solver take ~80 us at 1-8 requests, 1-2% of a small batch's step on the bundled pair;
+the vectorised solver take 80-200 us at 1-8 requests, 1-3% of a small batch's step on the bundled pair;
 this one takes 13-60 us there, and ~130 us at 32 requests, where steps take 10+ ms.
 
 Hysteresis enters as a bonus: a request's previous choice counts its expected tokens times (1 + h),

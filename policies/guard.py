@@ -57,6 +57,14 @@ the switch from plain decode (every request's draft catch-up), are too few to te
 batch 4, T = 1, a first contact measured 0.94x, and the cell decoded plainly for two whole runs until a
 probe found speculation 1.2x faster. Where it truly only breaks even, the extra steps cost next to nothing.
 
+A rejection stands only while plain decode runs as fast as when speculation was last measured: where plain
+decode's rate (at speculation's batch sizes) has moved by over ``REGIME_SHIFT`` since, the traffic changed
+under the verdict, and a probe burst measures speculation at once. Its figure was kept from other traffic:
+in the policy sweep, code prompts (long contexts) left the draft route rejected at batch 4, T = 1; prose
+prompts then ran plain steps 15% faster, which made the stale figure look ever worse (0.93x plain decode,
+then 0.86x) and rarer to probe, and the cell decoded plainly for most of a run while fixed draft k = 2 ran
+1.3x faster.
+
 A batch-size bucket where speculation was never measured starts from the verdict of the nearest smaller
 batch size at the same temperature: if speculation lost there, it is rejected (and probed) here too,
 since extra tokens only get dearer as the batch grows. Temperatures do not pass verdicts on: acceptance
@@ -86,6 +94,7 @@ PROBE_BURST = 12  # a probe of rejected speculation lasts this many steps (the f
 MIN_SPECULATIVE_SAMPLES = PROBE_BURST  # speculative steps before their rate counts: the first may be a catch-up
 SURE_SAMPLES = 2 * MIN_SPECULATIVE_SAMPLES  # speculative steps before a near miss of the bar rejects speculation
 NEAR_MISS = 1.0 - 2 * REQUIRED_GAIN  # speculation at or above this ratio to plain decode only just missed its bar
+REGIME_SHIFT = 0.1  # plain decode's rate moved this much since rejected speculation was measured: measure it again
 ALL_PROPOSERS: frozenset[str] = frozenset(PROPOSERS)
 NO_PROPOSERS: frozenset[str] = frozenset()
 # a speculative step's route -> the proposers it may use; the costlier route first
@@ -106,6 +115,7 @@ class _Arm:
     seconds: float = 0.0
     samples: int = 0
     sizes: dict[int, float] = field(default_factory=dict)  # batch size -> its weight in the averages
+    plain_reference: float = 0.0  # speculative arms: plain decode's tokens/s at their sizes when last sampled
 
     def add(self, tokens: int, seconds: float, batch_size: int) -> None:
         w = max(EWMA_WEIGHT, 1.0 / (self.samples + 1))  # a plain mean until the EWMA's horizon is filled
@@ -149,11 +159,10 @@ class GoodputGuard:
         route = "draft" if timing.num_draft_tokens > 0 else "ngram"
         key = (batch_bucket(timing.batch_size), temperature_bucket(temperature), route)
         probe = self._probes.get(key)
-        if probe is None:
-            self._speculative.setdefault(key, _Arm()).add(*sample)
-            return
-        probe.add(*sample)
-        if probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
+        arm = probe if probe is not None else self._speculative.setdefault(key, _Arm())
+        arm.add(*sample)
+        arm.plain_reference = self._plain_rate(key[0], arm.sizes)[0] or 0.0
+        if probe is not None and probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
             self._speculative[key] = self._probes.pop(key)
 
     def allowed_proposers(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float,
@@ -190,7 +199,7 @@ class GoodputGuard:
             return "plain" if rng.random() < probe_rate else "speculate"  # single steps, no switching cost
         # speculation lost here, or is untried here and lost at a smaller batch: probe it in bursts
         left = self._burst_left.get(key, 0)
-        if left == 0 and rng.random() < probe_rate / PROBE_BURST:
+        if left == 0 and (verdict == "remeasure" or rng.random() < probe_rate / PROBE_BURST):
             left = PROBE_BURST
             self._probes[key] = _Arm()
         self._burst_left[key] = max(0, left - 1)
@@ -198,8 +207,9 @@ class GoodputGuard:
 
     def _judge(self, bucket: int, temperature_key: int, route: str) -> tuple[str | None, float | None]:
         """(verdict, speculation's rate over plain decode's at the same batch sizes or None). The verdict:
-        speculate | decode plainly | measure plain | measure more (a near miss on too few steps); None while
-        speculation here is unmeasured.
+        speculate | decode plainly | measure plain | measure more (a near miss on too few steps) | remeasure (it
+        lost, but plain decode's rate has moved by over ``REGIME_SHIFT`` since); None while speculation here is
+        unmeasured.
 
         Until plain steps of the bucket are measured, the cost model's plain rate stands in for them: where
         speculation loses even to that, plain steps follow (and measure the plain arm); where it wins, plain
@@ -218,6 +228,8 @@ class GoodputGuard:
             return ("speculate" if plain_measured else "measure plain"), vs_plain
         if vs_plain >= NEAR_MISS and spec.samples < SURE_SAMPLES:
             return "measure more", vs_plain
+        if spec.plain_reference and abs(plain_rate / spec.plain_reference - 1.0) > REGIME_SHIFT:
+            return "remeasure", vs_plain
         return "decode plainly", vs_plain
 
     def _plain_rate(self, bucket: int, sizes: dict[int, float]) -> tuple[float | None, bool]:

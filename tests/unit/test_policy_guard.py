@@ -24,6 +24,7 @@ from policies.guard import (
     MIN_SPECULATIVE_SAMPLES,
     NEAR_MISS,
     PROBE_BURST,
+    REGIME_SHIFT,
     SURE_SAMPLES,
     GoodputGuard,
     batch_bucket,
@@ -321,6 +322,26 @@ def test_a_probe_measures_speculation_afresh() -> None:
         pass
     for _ in range(SAMPLES):
         guard.observe(step(4, True, 10, 0.016))  # speculation now: 625 tokens/s
+    assert allowed_fraction(guard, 4, 0.0) == 1.0
+
+
+def test_a_rejection_is_measured_again_once_plain_decode_changed_pace() -> None:
+    """Rejected speculation measured under other traffic (plain steps then took 10 ms) is probed at once when
+    plain decode runs over REGIME_SHIFT faster or slower, not judged by its stale figure against fresh plain steps."""
+    guard = GoodputGuard()
+    for _ in range(SURE):
+        guard.observe(step(4, False, 4, 0.010))  # plain: 400 tokens/s
+        guard.observe(step(4, True, 5, 0.020))  # speculation: 250 tokens/s
+    assert allowed_fraction(guard, 4, 0.0) == 0.0
+    for _ in range(40):  # plain steps at the new pace; a small drift alone does not reopen the verdict
+        guard.observe(step(4, False, 4, 0.010 * (1.0 - REGIME_SHIFT / 2)))
+    assert allowed_fraction(guard, 4, 0.0) == 0.0
+    for _ in range(40):
+        guard.observe(step(4, False, 4, 0.008))  # 25% faster: the traffic changed
+    rng = random.Random(0)
+    assert all("draft" in guard.allowed_proposers(4, 0.0, rng, 0.0) for _ in range(PROBE_BURST))
+    for _ in range(SAMPLES):
+        guard.observe(step(4, True, 12, 0.016))  # speculation under the new traffic: 750 tokens/s
     assert allowed_fraction(guard, 4, 0.0) == 1.0
 
 
