@@ -15,7 +15,14 @@ of the solution until it stops improving (a few iterations).
 
 It runs every engine step, in plain Python: numpy's per-call overhead on arrays of a few requests made
 the vectorised solver take 80-200 us at 1-8 requests, 1-3% of a small batch's step on the bundled pair;
-this one takes 13-60 us there, and ~130 us at 32 requests, where steps take 10+ ms.
+this one takes 13-60 us there.
+
+Most requests of a large batch cannot gain from any draft, and the planner sets them aside before it
+builds anything (exactly, not by a heuristic): the k-th drafted token adds alpha^k <= alpha expected
+tokens, so a request whose alpha is at most the price of one drafted token (lam * c, plus lam * e for a
+draft-model user) does no better than plain decode at any k. Prices only rise over Dinkelbach's
+iterations, so a request set aside at the first price stays aside. At 17-32 requests, 85% of the
+requests and half the steps were set aside in the policy sweep's replays.
 
 Hysteresis enters as a bonus: a request's previous choice counts its expected tokens times (1 + h),
 so a new choice must beat it by more than h to be taken.
@@ -69,9 +76,13 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def _clamped(alpha: float) -> float:
+    return min(max(alpha, 0.0), 1.0 - 1e-9)  # alpha = 1 is the limit k + 1
+
+
 def _token_table(alpha: float, cap: int) -> list[float]:
     """E[tokens] for k = 0..cap; k = 0 (plain decode, scored apart) is -inf."""
-    alpha = min(max(alpha, 0.0), 1.0 - 1e-9)  # alpha = 1 is the limit k + 1
+    alpha = _clamped(alpha)
     return [-math.inf] + [(1.0 - alpha ** (k + 1)) / (1.0 - alpha) for k in range(1, cap + 1)]
 
 
@@ -96,32 +107,51 @@ def plan_batch(
     """The goodput-maximising (k, proposer) of every request (exact for the cost model, see module doc)."""
     n = len(candidates)
     base_tokens = n + num_prefill_tokens
-    if max((max(c.max_k_draft, c.max_k_ngram) for c in candidates), default=0) == 0:
+    bonus = 1.0 + hysteresis
+    plain = [bonus if c.previous is not None and c.previous[1] == 0 else 1.0 for c in candidates]
+    lam = sum(plain) / coeffs.target_seconds(n, base_tokens)
+    active = [i for i, c in enumerate(candidates) if _may_gain(c, lam, coeffs)]
+    if not active:
         return _plain_plan(n, base_tokens, coeffs)
-    true = _Tables([1.0] * n, [_token_table(c.alpha_draft, c.max_k_draft) for c in candidates],
-                   [_token_table(c.alpha_ngram, c.max_k_ngram) for c in candidates])
-    objective = _with_hysteresis(true, candidates, 1.0 + hysteresis)
-    choice: Choice = ([0] * n, [False] * n)
-    lam = sum(objective.plain) / coeffs.target_seconds(n, base_tokens)
+    # the set-aside requests decode plainly: their tokens are a constant, their fed tokens part of the base
+    subset = [candidates[i] for i in active]
+    true = _Tables([1.0] * len(subset), [_token_table(c.alpha_draft, c.max_k_draft) for c in subset],
+                   [_token_table(c.alpha_ngram, c.max_k_ngram) for c in subset])
+    objective = _with_hysteresis(true, subset, bonus)
+    aside_objective = sum(plain) - sum(plain[i] for i in active)
+    choice: Choice = ([0] * len(subset), [False] * len(subset))
     for _ in range(MAX_DINKELBACH_ITERATIONS):
         candidate = _solve_for_price(lam, objective, coeffs)
-        tokens, seconds = _evaluate(candidate, objective, base_tokens, coeffs)
-        if tokens / seconds <= lam * (1.0 + 1e-12):
+        tokens, seconds = _evaluate(candidate, objective, n, base_tokens, coeffs)
+        if (tokens + aside_objective) / seconds <= lam * (1.0 + 1e-12):
             break
-        lam, choice = tokens / seconds, candidate
-    ks, uses_draft = choice
-    tokens, seconds = _evaluate(choice, true, base_tokens, coeffs)
-    draft_ks = [k for k, draft in zip(ks, uses_draft, strict=True) if draft]
+        lam, choice = (tokens + aside_objective) / seconds, candidate
+    tokens, seconds = _evaluate(choice, true, n, base_tokens, coeffs)
+    ks, uses_draft = [0] * n, [False] * n
+    for i, k, draft in zip(active, *choice, strict=True):
+        ks[i], uses_draft[i] = k, draft
+    draft_ks = [k for k, draft in zip(*choice, strict=True) if draft]
     return BatchPlan(
         ks=tuple(ks),
         proposers=tuple(DRAFT if draft or not k else NGRAM for k, draft in zip(ks, uses_draft, strict=True)),
-        expected_tokens=tokens,
+        expected_tokens=tokens + n - len(active),
         step_seconds=seconds,
         batch_size=n,
         num_tokens=base_tokens + sum(ks),
         draft_passes=max(draft_ks, default=0),
         num_draft_requests=len(draft_ks),
     )
+
+
+def _may_gain(candidate: Candidate, lam: float, coeffs: CostCoefficients) -> bool:
+    """Whether some k could beat plain decode at price ``lam`` (see the module doc): a drafted token's alpha
+    must exceed its price. A request whose previous choice drafted keeps its hysteresis bonus there, and
+    stays in. The margin keeps rounding from ever setting aside a request at exactly its price."""
+    if candidate.previous is not None and candidate.previous[1] > 0:
+        return True
+    token_price = lam * coeffs.c - 1e-9
+    return ((candidate.max_k_ngram > 0 and _clamped(candidate.alpha_ngram) > token_price)
+            or (candidate.max_k_draft > 0 and _clamped(candidate.alpha_draft) > token_price + lam * coeffs.e))
 
 
 def _with_hysteresis(true: _Tables, candidates: Sequence[Candidate], bonus: float) -> _Tables:
@@ -182,8 +212,10 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
     return ks, uses_draft
 
 
-def _evaluate(choice: Choice, tables: _Tables, base_tokens: int, coeffs: CostCoefficients) -> tuple[float, float]:
-    """(expected tokens under the given tables, predicted step seconds) of a choice."""
+def _evaluate(choice: Choice, tables: _Tables, batch_size: int, base_tokens: int,
+              coeffs: CostCoefficients) -> tuple[float, float]:
+    """(expected tokens of the choice's requests under the given tables, predicted seconds of the whole step:
+    ``batch_size`` requests, the choice's among them)."""
     ks, uses_draft = choice
     tokens, passes, users = 0.0, 0, 0
     for i, (k, draft) in enumerate(zip(ks, uses_draft, strict=True)):
@@ -195,7 +227,7 @@ def _evaluate(choice: Choice, tables: _Tables, base_tokens: int, coeffs: CostCoe
             tokens += tables.ngram[i][k]
     num_drafted = sum(ks)
     plan = DraftPlan(passes, users) if users else None
-    return tokens, coeffs.step_seconds(len(ks), base_tokens + num_drafted, plan, verifies=num_drafted > 0)
+    return tokens, coeffs.step_seconds(batch_size, base_tokens + num_drafted, plan, verifies=num_drafted > 0)
 
 
 def _plain_plan(n: int, base_tokens: int, coeffs: CostCoefficients) -> BatchPlan:
