@@ -97,8 +97,8 @@ NEAR_MISS = 1.0 - 2 * REQUIRED_GAIN  # speculation at or above this ratio to pla
 REGIME_SHIFT = 0.1  # plain decode's rate moved this much since rejected speculation was measured: measure it again
 ALL_PROPOSERS: frozenset[str] = frozenset(PROPOSERS)
 NO_PROPOSERS: frozenset[str] = frozenset()
-# a speculative step's route -> the proposers it may use; the costlier route first
-ROUTES = {"draft": ALL_PROPOSERS, "ngram": frozenset({"ngram"})}
+DRAFT_ONLY: frozenset[str] = frozenset({"draft"})
+NGRAM_ONLY: frozenset[str] = frozenset({"ngram"})
 
 
 PlainEstimate = Callable[[int], float]  # batch size -> predicted seconds of a plain-decode step
@@ -175,35 +175,48 @@ class GoodputGuard:
         would teach nothing and would make the draft model prefill the whole batch on top of the target's prefill.
         """
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
-        for route, proposers in ROUTES.items():
-            decision = self._route_decision((*key, route), rng, probe_rate, measured)
-            if decision != "rejected":
-                return proposers if decision == "speculate" else NO_PROPOSERS
-        return NO_PROPOSERS
+        draft, draft_verdict = self._route_decision((*key, "draft"), rng, probe_rate, measured)
+        if draft == "plain":
+            return NO_PROPOSERS
+        if draft == "speculate":
+            # The draft route is not known to win here: it is untried, or being measured. The plan may still
+            # make a step n-gram-only, and such a step is judged by the n-gram route: where that route lost
+            # here, only the draft model may propose (at 17-32 requests, a draft route that the plan never
+            # used let it make 40% of the steps n-gram-only, at 0.93x plain decode).
+            if draft_verdict != "speculate" and self._route_decision((*key, "ngram"), rng, probe_rate,
+                                                                     measured)[0] == "rejected":
+                return DRAFT_ONLY
+            return ALL_PROPOSERS
+        ngram, _ = self._route_decision((*key, "ngram"), rng, probe_rate, measured)
+        return NGRAM_ONLY if ngram == "speculate" else NO_PROPOSERS
 
     def _route_decision(self, key: tuple[int, int, str], rng: random.Random, probe_rate: float,
-                        measured: bool) -> str:
-        """speculate | plain (a deliberate plain step: it measures the plain arm) | rejected (try a cheaper route)."""
+                        measured: bool) -> tuple[str, str | None]:
+        """(speculate | plain (a deliberate plain step: it measures the plain arm) | rejected (try a cheaper
+        route), the route's verdict from `_judge`)."""
         verdict, vs_plain = self._judge(*key)
         if not measured:
-            return "speculate" if verdict == "speculate" else "rejected"
+            return ("speculate" if verdict == "speculate" else "rejected"), verdict
         if verdict is None and not self._smaller_batches_reject(*key):
-            return "speculate"  # let the plan show what speculation does here
+            return "speculate", verdict  # let the plan show what speculation does here
         if verdict == "measure more":
-            return "speculate"
+            return "speculate", verdict
         if verdict == "measure plain":
-            return "plain" if rng.random() < MEASURE_PLAIN_RATE else "speculate"
+            return ("plain" if rng.random() < MEASURE_PLAIN_RATE else "speculate"), verdict
         if verdict is not None:  # the closer the verdict, the more often the other arm is measured
             probe_rate *= _probe_scale(vs_plain)
         if verdict == "speculate":
-            return "plain" if rng.random() < probe_rate else "speculate"  # single steps, no switching cost
+            return ("plain" if rng.random() < probe_rate else "speculate"), verdict  # single steps, no switching cost
         # speculation lost here, or is untried here and lost at a smaller batch: probe it in bursts
         left = self._burst_left.get(key, 0)
         if left == 0 and (verdict == "remeasure" or rng.random() < probe_rate / PROBE_BURST):
             left = PROBE_BURST
             self._probes[key] = _Arm()
+            if verdict == "remeasure" and vs_plain:  # one burst per change of pace, whatever it measures
+                spec = self._speculative[key]
+                spec.plain_reference = spec.rate / vs_plain
         self._burst_left[key] = max(0, left - 1)
-        return "speculate" if left > 0 else "rejected"
+        return ("speculate" if left > 0 else "rejected"), verdict
 
     def _judge(self, bucket: int, temperature_key: int, route: str) -> tuple[str | None, float | None]:
         """(verdict, speculation's rate over plain decode's at the same batch sizes or None). The verdict:

@@ -19,6 +19,7 @@ from policies import (
 )
 from policies.guard import (
     ALL_PROPOSERS,
+    DRAFT_ONLY,
     MAX_PROBE_BOOST,
     MEASURE_PLAIN_RATE,
     MIN_SPECULATIVE_SAMPLES,
@@ -259,6 +260,23 @@ def test_n_gram_speculation_is_judged_apart_from_the_draft_model() -> None:
     assert allowed_fraction(guard, 32, 0.0, proposer="ngram") == 0.0
 
 
+def test_an_untried_draft_route_does_not_let_the_plan_run_a_rejected_n_gram_route() -> None:
+    """Where the plan has not used the draft model yet, the steps it makes n-gram-only are n-gram route steps:
+    if that route lost here, only the draft model may propose (in the sweep, 40% of the steps at 17-32
+    requests ran n-gram-only at 0.93x plain decode this way)."""
+    guard = GoodputGuard()
+    for _ in range(SURE):
+        guard.observe(step(32, False, 32, 0.010))  # plain: 3200 tokens/s
+        guard.observe(step(32, True, 34, 0.012, route="ngram"))  # n-gram only: 2833 tokens/s, rejected
+    rng = random.Random(0)
+    assert all(guard.allowed_proposers(32, 0.0, rng, 0.0) == DRAFT_ONLY for _ in range(100))
+    winning = GoodputGuard()  # where the n-gram route wins, the plan may mix both
+    for _ in range(SAMPLES):
+        winning.observe(step(32, False, 32, 0.010))
+        winning.observe(step(32, True, 40, 0.010, route="ngram"))  # 4000 tokens/s
+    assert winning.allowed_proposers(32, 0.0, rng, 0.0) == ALL_PROPOSERS
+
+
 def test_adaptive_policy_speculates_with_n_grams_only_where_the_draft_model_lost() -> None:
     policy = AdaptivePolicy(PolicySettings(guard_probe_rate=0.0, verify_cost_coefficients=CHEAP_TOKENS))
     for _ in range(SAMPLES):
@@ -343,6 +361,23 @@ def test_a_rejection_is_measured_again_once_plain_decode_changed_pace() -> None:
     for _ in range(SAMPLES):
         guard.observe(step(4, True, 12, 0.016))  # speculation under the new traffic: 750 tokens/s
     assert allowed_fraction(guard, 4, 0.0) == 1.0
+
+
+def test_a_change_of_pace_reopens_a_rejection_for_one_burst() -> None:
+    """A burst that measured nothing (the plan, say, never used the draft model there) does not start another at
+    once: the rejection stands again until plain decode's pace moves once more."""
+    guard = GoodputGuard()
+    for _ in range(SURE):
+        guard.observe(step(4, False, 4, 0.010))  # plain: 400 tokens/s
+        guard.observe(step(4, True, 5, 0.020))  # speculation: 250 tokens/s
+    for _ in range(40):
+        guard.observe(step(4, False, 4, 0.008))  # 25% faster: the traffic changed
+    rng = random.Random(0)
+    assert all("draft" in guard.allowed_proposers(4, 0.0, rng, 0.0) for _ in range(PROBE_BURST))
+    assert allowed_fraction(guard, 4, 0.0) == 0.0  # no speculative step came: rejected again, not re-probed
+    for _ in range(40):
+        guard.observe(step(4, False, 4, 0.010))  # back to the old pace: a change again
+    assert all("draft" in guard.allowed_proposers(4, 0.0, rng, 0.0) for _ in range(PROBE_BURST))
 
 
 def test_learned_state_gives_the_guard_the_cost_model_plain_step_time() -> None:
