@@ -22,7 +22,9 @@ probed again.
 Speculative steps are kept apart by route: those where the draft model proposed (alone or beside
 n-gram lookups) and those where only n-gram lookups did. An n-gram proposal costs no model pass, so
 at large batches, where the draft model's passes no longer pay, n-gram speculation alone can still
-beat plain decode; the guard then allows the n-gram proposer only.
+beat plain decode; the guard then allows the n-gram proposer only. The other way round, where the draft
+route is untried or being measured but the n-gram route lost, it allows the draft model only: the plan
+may pick no draft-model user, and every step it then made n-gram-only would be a step of the losing route.
 
 A probe measures speculation afresh: once it has ``MIN_SPECULATIVE_SAMPLES`` steps, they replace the
 older speculative figure instead of nudging its average. What was rejected was measured under an older
@@ -63,7 +65,8 @@ under the verdict, and a probe burst measures speculation at once. Its figure wa
 in the policy sweep, code prompts (long contexts) left the draft route rejected at batch 4, T = 1; prose
 prompts then ran plain steps 15% faster, which made the stale figure look ever worse (0.93x plain decode,
 then 0.86x) and rarer to probe, and the cell decoded plainly for most of a run while fixed draft k = 2 ran
-1.3x faster.
+1.3x faster. One burst per change of pace: a burst that measured nothing (at 17-32 requests the plan used
+no draft-model user) restarted every 12 steps.
 
 A batch-size bucket where speculation was never measured starts from the verdict of the nearest smaller
 batch size at the same temperature: if speculation lost there, it is rejected (and probed) here too,
