@@ -143,7 +143,7 @@ class LLMEngine:
             return self._collect(list(self.requests.values()))
         start = time.perf_counter()
         plans = self._plan(sched.decodes, num_prefilling=len(sched.prefills))
-        draft_seconds, num_draft_requests = self._propose(plans)
+        draft_seconds, num_draft_requests, num_catch_up = self._propose(plans)
         verify_start = time.perf_counter()
         chunks = [SeqChunk(p.request.request_id, [p.request.last_token] + p.draft_tokens,
                            p.request.num_computed, 1 + len(p.draft_tokens)) for p in plans]
@@ -170,6 +170,7 @@ class LLMEngine:
                 batch_size=len(chunks), num_tokens=num_tokens, target_seconds=target_seconds,
                 num_draft_tokens=sum(len(p.draft_tokens) for p in plans if p.proposer == "draft"),
                 draft_seconds=draft_seconds, num_draft_requests=num_draft_requests,
+                num_draft_catch_up_tokens=num_catch_up,
                 num_draft_passes=max((len(p.draft_tokens) for p in plans if p.proposer == "draft"), default=0),
                 step_seconds=step_seconds, num_generated=num_generated))
         self.stats.observe_step(len(chunks), num_tokens, step_seconds, num_generated)
@@ -179,7 +180,7 @@ class LLMEngine:
         """Ask the policy for k and proposer per request, then apply the hard limits."""
         if not decodes:
             return []
-        ngram = self.proposers["ngram"]
+        ngram, draft = self.proposers["ngram"], self.proposers.get("draft")
         k_max = self.policy.settings.k_max
         views = []
         for r in decodes:
@@ -190,7 +191,8 @@ class LLMEngine:
             views.append(RequestView(
                 request_id=r.request_id, temperature=r.params.temperature, num_output_tokens=len(r.output_ids),
                 max_k=max(0, cap), ngram_match_len=ngram.match_len(r),
-                override_mode=override.mode if override else "auto", draft_available="draft" in self.proposers))
+                override_mode=override.mode if override else "auto", draft_available=draft is not None,
+                draft_lag=draft.lag(r) if draft is not None else 0, num_remaining_tokens=r.remaining_tokens))
         decisions = self.policy.decide(BatchView(tuple(views), num_waiting=self.scheduler.num_waiting,
                                                  num_prefilling=num_prefilling))
         plans = []
@@ -218,13 +220,10 @@ class LLMEngine:
         return (request.params.seed is not None and not request.params.greedy
                 and self.policy.settings.mode == "auto" and (override is None or override.mode == "auto"))
 
-    def _propose(self, plans: list[Planned]) -> tuple[float, int]:
-        """Fill each plan's draft; returns (draft-model seconds, draft-model batch size).
-
-        A draft round that also prefilled (lazy prefill, long catch-up after k = 0 steps) is no sample of
-        what a drafting pass costs: it reports 0 seconds.
-        """
-        draft_seconds, num_draft_requests = 0.0, 0
+    def _propose(self, plans: list[Planned]) -> tuple[float, int, int]:
+        """Fill each plan's draft; returns (draft-model seconds, draft-model batch size, tokens the draft model
+        caught up on: its lazy prefill, and what it missed while its requests decoded plainly)."""
+        draft_seconds, num_draft_requests, num_catch_up = 0.0, 0, 0
         for name, proposer in self.proposers.items():
             group = [p for p in plans if p.k > 0 and p.proposer == name]
             if not group:
@@ -234,9 +233,10 @@ class LLMEngine:
             start = time.perf_counter()
             for plan, draft in zip(group, proposer.propose([p.request for p in group], [p.k for p in group])):
                 plan.draft = draft
-            if name == "draft" and not proposer.caught_up_long:
+            if name == "draft":
                 draft_seconds, num_draft_requests = time.perf_counter() - start, len(group)
-        return draft_seconds, num_draft_requests
+                num_catch_up = proposer.catch_up_tokens
+        return draft_seconds, num_draft_requests, num_catch_up
 
     def _verify(self, plans: list[Planned], logits: list[torch.Tensor]) -> list[VerifyResult]:
         """Greedy requests are verified together, then sampling requests together; results in plan order."""

@@ -25,6 +25,8 @@ class RequestView:
     ngram_match_len: int  # length of the n-gram the prompt-lookup proposer matched now (0 = no match)
     override_mode: OverrideMode = "auto"  # the request's own `speculation.mode`
     draft_available: bool = True  # False when the engine has no draft model
+    draft_lag: int = 0  # tokens the draft model must catch up on before the request's next draft (all, if none yet)
+    num_remaining_tokens: int = 0  # tokens the request may still emit (its max_tokens left); 0 = unknown
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class StepTiming:
     draft_seconds: float = 0.0
     num_draft_requests: int = 0  # batch size of the draft model's forward passes
     num_draft_passes: int = 0  # sequential draft forward passes (max k of the draft users); 0 = unknown
+    num_draft_catch_up_tokens: int = 0  # tokens the draft model fed beyond one per request (prefill, catch-up)
     step_seconds: float = 0.0  # the whole step (planning, drafting, verifying, committing); 0 = unknown
     num_generated: int = 0  # tokens the step emitted (accepted drafts + one per request)
 

@@ -1,7 +1,7 @@
 """An online model of what one engine step costs, fitted from measured `StepTiming`s.
 
 target step:  seconds = a + b * batch_size + c * num_tokens + g * [the step verifies drafts]
-draft model:  seconds = f + num_passes * (d + e * num_draft_requests)
+draft model:  seconds = f + num_passes * (d + e * num_draft_requests) + h * catch_up_tokens
 
 The draft runs one sequential forward pass per drafted position for all of its users at once, so its
 time grows with the largest k among them, not with the sum. ``g`` and ``f`` are what a step pays for
@@ -9,7 +9,14 @@ speculating at all, whatever k: verification attends over multi-token queries (a
 group from the decoding requests) and samples against the drafts; a draft round first catches up on the
 last round's tokens. Fitted on a 2-core CPU at batch 1: g 1.3-1.6 ms and f ~1.2 ms beside a ~9 ms
 plain step, while one more fed token cost 0.13-0.25 ms; folded into the per-token terms, they made
-k = 1 look cheap and k = 4 dear, the reverse of what the clock said. Fits are ridge regressions over a window
+k = 1 look cheap and k = 4 dear, the reverse of what the clock said.
+
+``h`` prices what the draft model feeds beyond one token per user: a request's whole context on its
+first draft round, and the tokens it missed while it decoded plainly. At 16 requests on the bundled
+pair, fixed draft k = 2 spent 8% of its time there (~30 us per token on one CPU thread); such rounds
+were once left out of the fit, and the plan started drafting for requests at a price it never saw.
+
+Fits are ridge regressions over a window
 of recent steps (512), pulled towards a prior scaled to the measured level: the relative defaults at
 first, later the last values the data determined well. Directions the window does not determine (e.g.
 b vs c while every step feeds one token per request) stay at the prior instead of swinging to
@@ -27,11 +34,13 @@ import numpy as np
 from policies.base import StepTiming
 
 # Relative defaults before data: verifying k+1 = 5 tokens at batch 1 costs ~1.05 of a 1-token step
-# (memory-bound), and one draft forward pass costs ~0.2 of a target step.
+# (memory-bound), one draft forward pass costs ~0.2 of a target step, and a token the draft model
+# catches up on ~0.1 of a token fed to the target (measured: 30 us beside 0.27 ms at 16-32 requests).
 # Unidentified cost (every step feeding one token per request makes b and c inseparable) is put mostly on
 # c, the per-token cost: that errs towards plain decode, the choice that cannot lose.
 DEFAULT_VERIFY = (0.010, 2e-5, 1e-4, 0.0)
 DRAFT_RELATIVE_COST = 0.2
+CATCH_UP_RELATIVE_COST = 0.1
 MIN_SECONDS = 1e-6
 PRIOR_PSEUDO_OBSERVATIONS = 2.0  # the defaults weigh as much as this many observations' spread
 PRIOR_FLOOR = 1e-3  # keeps fully collinear directions at the prior
@@ -40,10 +49,12 @@ WELL_DETERMINED = 0.05  # max relative error of a coefficient's share of a step 
 
 @dataclass(frozen=True)
 class DraftPlan:
-    """How a step would use the draft model: passes = largest k of its users."""
+    """How a step would use the draft model: passes = largest k of its users; catch_up_tokens: what it feeds
+    them beyond one token each (the planner passes a share of each user's lag, see policies/adaptive.py)."""
 
     num_passes: int
     num_requests: int
+    catch_up_tokens: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,7 @@ class CostCoefficients:
     e: float  # seconds per draft request per pass
     f: float = 0.0  # seconds per draft round (any k)
     g: float = 0.0  # seconds a target step adds when it verifies drafts (any k)
+    h: float = 0.0  # seconds per token the draft model catches up on
 
     def target_seconds(self, batch_size: int, num_tokens: int, verifies: bool = False) -> float:
         return max(MIN_SECONDS, self.a + self.b * batch_size + self.c * num_tokens + (self.g if verifies else 0.0))
@@ -62,7 +74,7 @@ class CostCoefficients:
     def draft_seconds(self, plan: DraftPlan | None) -> float:
         if plan is None or plan.num_passes <= 0 or plan.num_requests <= 0:
             return 0.0
-        return self.f + plan.num_passes * (self.d + self.e * plan.num_requests)
+        return self.f + plan.num_passes * (self.d + self.e * plan.num_requests) + self.h * plan.catch_up_tokens
 
     def step_seconds(self, batch_size: int, num_tokens: int, plan: DraftPlan | None = None,
                      verifies: bool = False) -> float:
@@ -170,7 +182,7 @@ class CostModel:
 
     def __init__(self, window: int = 512, min_observations: int = 4, refit_every: int = 8) -> None:
         self._target = _OnlineFit(window, 4)
-        self._draft = _OnlineFit(window, 3)
+        self._draft = _OnlineFit(window, 4)
         self._min_observations = min_observations
         self._refit_every = refit_every
         self._num_unfitted = 0
@@ -182,8 +194,8 @@ class CostModel:
     def configure(
         self, verify_override: tuple[float, float, float] | None = None, draft_override: float | None = None
     ) -> None:
-        """Operator overrides: (a, b, c) for the target; seconds per draft pass (the batch and round terms
-        dropped). An override is the whole cost of its model: its fixed cost of speculating is dropped too."""
+        """Operator overrides: (a, b, c) for the target; seconds per draft pass (the batch, round and catch-up
+        terms dropped). An override is the whole cost of its model: its fixed cost of speculating is dropped too."""
         self._verify_override = verify_override
         self._draft_override = draft_override
 
@@ -194,7 +206,8 @@ class CostModel:
         self._target.window.add((1.0, timing.batch_size, timing.num_tokens, verifies), timing.target_seconds)
         if timing.num_draft_requests > 0 and timing.num_draft_tokens > 0 and timing.draft_seconds > 0:
             passes = timing.num_draft_passes or math.ceil(timing.num_draft_tokens / timing.num_draft_requests)
-            self._draft.window.add((1.0, passes, passes * timing.num_draft_requests), timing.draft_seconds)
+            self._draft.window.add((1.0, passes, passes * timing.num_draft_requests, timing.num_draft_catch_up_tokens),
+                                   timing.draft_seconds)
         self._num_unfitted += 1
         if self._num_unfitted >= self._refit_every or self._target.window.count <= 4 * self._min_observations:
             self._refit()  # every step at first, later every few: one step barely moves the fit
@@ -211,7 +224,7 @@ class CostModel:
             a, b, c = self._verify_override
             coef = replace(coef, a=a, b=b, c=c, g=0.0)
         if self._draft_override is not None:
-            coef = replace(coef, f=0.0, d=self._draft_override, e=0.0)
+            coef = replace(coef, f=0.0, d=self._draft_override, e=0.0, h=0.0)
         return coef
 
     def predict_step(self, batch_size: int, num_tokens: int, draft_plan: DraftPlan | None = None) -> float:
@@ -221,10 +234,12 @@ class CostModel:
     def _fit(self) -> CostCoefficients:
         verify, verify_source = self._target.fit(np.array(DEFAULT_VERIFY), self._min_observations)
         a, b, c, g = max(float(verify[0]), MIN_SECONDS), float(verify[1]), float(verify[2]), float(verify[3])
-        draft_default = np.array([0.0, DRAFT_RELATIVE_COST * a, DRAFT_RELATIVE_COST * (b + c)])
+        draft_default = np.array([0.0, DRAFT_RELATIVE_COST * a, DRAFT_RELATIVE_COST * (b + c),
+                                  CATCH_UP_RELATIVE_COST * c])
         draft, draft_source = self._draft.fit(draft_default, self._min_observations)
         self._sources = (verify_source, draft_source)
-        return CostCoefficients(a=a, b=b, c=c, d=float(draft[1]), e=float(draft[2]), f=float(draft[0]), g=g)
+        return CostCoefficients(a=a, b=b, c=c, d=float(draft[1]), e=float(draft[2]), f=float(draft[0]), g=g,
+                                h=float(draft[3]))
 
     def fit_summary(self) -> dict[str, Any]:
         """JSON-able description of the current fit for operators."""
@@ -239,7 +254,8 @@ class CostModel:
                                "per_speculating_step": coef.g},
             "verify_learned": dict(zip(("fixed", "per_request", "per_token", "per_speculating_step"),
                                        self._target.learned(), strict=True)),
-            "draft_seconds": {"per_round": coef.f, "per_pass": coef.d, "per_request_per_pass": coef.e},
+            "draft_seconds": {"per_round": coef.f, "per_pass": coef.d, "per_request_per_pass": coef.e,
+                              "per_catch_up_token": coef.h},
             "verify_rmse_seconds": self._target.rmse,
             "draft_cost_ratio": coef.d / coef.a if coef.a > 0 else None,
         }

@@ -4,8 +4,9 @@ Leviathan et al.: with per-position acceptance alpha, drafting k tokens yields
 E[tokens] = (1 - alpha^(k+1)) / (1 - alpha) per round (accepted drafts + the bonus/recovered token).
 SmartSpec generalises this to a batch: goodput = sum_i E_i(k_i) / T_step, where T_step depends on
 everyone's choice: a + b*n + c*(tokens fed) on the target, plus g if anyone speculates, plus
-f + K_d * (d + e*n_d) for the draft model, K_d being the largest k among the n_d draft users (the draft
-runs K_d sequential passes for all of them).
+f + K_d * (d + e*n_d) + h * (catch-up) for the draft model, K_d being the largest k among the n_d draft
+users (the draft runs K_d sequential passes for all of them) and the catch-up what each user's lag
+costs it this step (a share of it, see policies/adaptive.py).
 
 Maximising a ratio is done by Dinkelbach's method: for a price lambda (seconds are worth lambda tokens)
 maximise sum_i E_i - lambda * T. For a fixed K_d that problem separates per request (each picks plain,
@@ -20,9 +21,9 @@ this one takes 13-60 us there.
 Most requests of a large batch cannot gain from any draft, and the planner sets them aside before it
 builds anything (exactly, not by a heuristic): the k-th drafted token adds alpha^k <= alpha expected
 tokens, so a request whose alpha is at most the price of one drafted token (lam * c, plus lam * e for a
-draft-model user) does no better than plain decode at any k. Prices only rise over Dinkelbach's
-iterations, so a request set aside at the first price stays aside. At 17-32 requests, 85% of the
-requests and half the steps were set aside in the policy sweep's replays.
+draft-model user, whose catch-up only adds to that) does no better than plain decode at any k. Prices
+only rise over Dinkelbach's iterations, so a request set aside at the first price stays aside. At
+17-32 requests, 85% of the requests and half the steps were set aside in the policy sweep's replays.
 
 Hysteresis enters as a bonus: a request's previous choice counts its expected tokens times (1 + h),
 so a new choice must beat it by more than h to be taken.
@@ -51,6 +52,7 @@ class Candidate:
     alpha_ngram: float
     max_k_ngram: int
     previous: tuple[str, int] | None = None  # (proposer, k) chosen last step, for hysteresis
+    draft_catch_up: float = 0.0  # tokens of the draft model's catch-up charged to this step if it drafts
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class BatchPlan:
     num_tokens: int  # fed to the target, prefill included
     draft_passes: int
     num_draft_requests: int
+    draft_catch_up: float = 0.0  # summed over the draft-model users
 
     @property
     def goodput(self) -> float:
@@ -88,11 +91,13 @@ def _token_table(alpha: float, cap: int) -> list[float]:
 
 @dataclass
 class _Tables:
-    """Per request: the value of plain decode and E[tokens] per k for each proposer (index k, up to its cap)."""
+    """Per request: the value of plain decode and E[tokens] per k for each proposer (index k, up to its cap),
+    and the catch-up tokens the draft model would feed it."""
 
     plain: list[float]
     draft: list[list[float]]
     ngram: list[list[float]]
+    catch_up: list[float]
 
 
 Choice = tuple[list[int], list[bool]]  # per request: k, and whether the draft model proposes (else n-gram)
@@ -116,7 +121,7 @@ def plan_batch(
     # the set-aside requests decode plainly: their tokens are a constant, their fed tokens part of the base
     subset = [candidates[i] for i in active]
     true = _Tables([1.0] * len(subset), [_token_table(c.alpha_draft, c.max_k_draft) for c in subset],
-                   [_token_table(c.alpha_ngram, c.max_k_ngram) for c in subset])
+                   [_token_table(c.alpha_ngram, c.max_k_ngram) for c in subset], [c.draft_catch_up for c in subset])
     objective = _with_hysteresis(true, subset, bonus)
     aside_objective = sum(plain) - sum(plain[i] for i in active)
     choice: Choice = ([0] * len(subset), [False] * len(subset))
@@ -131,6 +136,7 @@ def plan_batch(
     for i, k, draft in zip(active, *choice, strict=True):
         ks[i], uses_draft[i] = k, draft
     draft_ks = [k for k, draft in zip(*choice, strict=True) if draft]
+    catch_up = sum(cost for cost, draft in zip(true.catch_up, choice[1], strict=True) if draft)
     return BatchPlan(
         ks=tuple(ks),
         proposers=tuple(DRAFT if draft or not k else NGRAM for k, draft in zip(ks, uses_draft, strict=True)),
@@ -140,6 +146,7 @@ def plan_batch(
         num_tokens=base_tokens + sum(ks),
         draft_passes=max(draft_ks, default=0),
         num_draft_requests=len(draft_ks),
+        draft_catch_up=catch_up,
     )
 
 
@@ -156,7 +163,7 @@ def _may_gain(candidate: Candidate, lam: float, coeffs: CostCoefficients) -> boo
 
 def _with_hysteresis(true: _Tables, candidates: Sequence[Candidate], bonus: float) -> _Tables:
     """The objective's tables: each request's previous choice counts its expected tokens times ``bonus``."""
-    tables = _Tables(list(true.plain), [list(t) for t in true.draft], [list(t) for t in true.ngram])
+    tables = _Tables(list(true.plain), [list(t) for t in true.draft], [list(t) for t in true.ngram], true.catch_up)
     for i, c in enumerate(candidates):
         if c.previous is None:
             continue
@@ -181,17 +188,18 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
     gains = [0.0] * (k_top + 1)  # per K_d: summed gains of the requests that draft at it
     without_draft: list[tuple[float, int]] = []  # per request: (value, n-gram k or 0) of its best non-draft choice
     draft_k: list[list[int]] = []  # per request and K_d: its best draft k <= K_d
-    for plain, draft, ngram in zip(tables.plain, tables.draft, tables.ngram, strict=True):
+    for plain, draft, ngram, catch_up in zip(tables.plain, tables.draft, tables.ngram, tables.catch_up, strict=True):
         value, k_ngram = plain, 0
         for k in range(1, len(ngram)):
             if ngram[k] - token_price * k > value:
                 value, k_ngram = ngram[k] - token_price * k, k
         without_draft.append((value, k_ngram))
         best, best_k, ks = -math.inf, 0, [0]
+        catch_up_price = lam * coeffs.h * catch_up
         for passes in range(1, k_top + 1):
             if passes < len(draft) and draft[passes] - token_price * passes > best:
                 best, best_k = draft[passes] - token_price * passes, passes
-            gain = best - user_price * passes - value
+            gain = best - user_price * passes - catch_up_price - value
             if gain > 0.0:
                 gains[passes] += gain
             ks.append(best_k)
@@ -202,9 +210,10 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
         if base + gains[k_d] - lam * (coeffs.d * k_d + coeffs.f) > total:
             total, passes = base + gains[k_d] - lam * (coeffs.d * k_d + coeffs.f), k_d
     ks, uses_draft = [], []
-    for draft, (value, k_ngram), k_by_passes in zip(tables.draft, without_draft, draft_k, strict=True):
+    for draft, catch_up, (value, k_ngram), k_by_passes in zip(tables.draft, tables.catch_up, without_draft, draft_k,
+                                                              strict=True):
         k = k_by_passes[passes]
-        drafts = k > 0 and draft[k] - token_price * k - user_price * passes > value
+        drafts = k > 0 and draft[k] - token_price * k - user_price * passes - lam * coeffs.h * catch_up > value
         ks.append(k if drafts else k_ngram)
         uses_draft.append(drafts)
     if any(ks) and total - lam * coeffs.g < sum(tables.plain):  # speculating does not pay its fixed cost
@@ -217,16 +226,17 @@ def _evaluate(choice: Choice, tables: _Tables, batch_size: int, base_tokens: int
     """(expected tokens of the choice's requests under the given tables, predicted seconds of the whole step:
     ``batch_size`` requests, the choice's among them)."""
     ks, uses_draft = choice
-    tokens, passes, users = 0.0, 0, 0
+    tokens, passes, users, catch_up = 0.0, 0, 0, 0.0
     for i, (k, draft) in enumerate(zip(ks, uses_draft, strict=True)):
         if k == 0:
             tokens += tables.plain[i]
         elif draft:
             tokens, passes, users = tokens + tables.draft[i][k], max(passes, k), users + 1
+            catch_up += tables.catch_up[i]
         else:
             tokens += tables.ngram[i][k]
     num_drafted = sum(ks)
-    plan = DraftPlan(passes, users) if users else None
+    plan = DraftPlan(passes, users, catch_up) if users else None
     return tokens, coeffs.step_seconds(batch_size, base_tokens + num_drafted, plan, verifies=num_drafted > 0)
 
 
@@ -236,14 +246,16 @@ def _plain_plan(n: int, base_tokens: int, coeffs: CostCoefficients) -> BatchPlan
 
 
 def with_probe(
-    plan: BatchPlan, coeffs: CostCoefficients, index: int, alpha: float, k: int, proposer: ProposerName
+    plan: BatchPlan, coeffs: CostCoefficients, index: int, alpha: float, k: int, proposer: ProposerName,
+    catch_up: float = 0.0,
 ) -> BatchPlan:
-    """The plan with request ``index`` (now at k = 0) drafting k tokens with ``proposer`` instead."""
-    draft_passes, num_draft = plan.draft_passes, plan.num_draft_requests
+    """The plan with request ``index`` (now at k = 0) drafting k tokens with ``proposer`` instead (``catch_up``:
+    the draft model's catch-up tokens charged to it, if that proposer is the draft model)."""
+    draft_passes, num_draft, draft_catch_up = plan.draft_passes, plan.num_draft_requests, plan.draft_catch_up
     if proposer == "draft":
-        draft_passes, num_draft = max(draft_passes, k), num_draft + 1
+        draft_passes, num_draft, draft_catch_up = max(draft_passes, k), num_draft + 1, draft_catch_up + catch_up
     num_tokens = plan.num_tokens + k
-    draft = DraftPlan(draft_passes, num_draft) if num_draft else None
+    draft = DraftPlan(draft_passes, num_draft, draft_catch_up) if num_draft else None
     return BatchPlan(
         ks=plan.ks[:index] + (k,) + plan.ks[index + 1 :],
         proposers=plan.proposers[:index] + (proposer,) + plan.proposers[index + 1 :],
@@ -253,4 +265,5 @@ def with_probe(
         num_tokens=num_tokens,
         draft_passes=draft_passes,
         num_draft_requests=num_draft,
+        draft_catch_up=draft_catch_up,
     )

@@ -28,7 +28,7 @@ class DraftModelProposer:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.cache = runner.cache
-        self.caught_up_long = False  # the last round also prefilled or caught up on many tokens
+        self.catch_up_tokens = 0  # tokens the last round fed beyond one per request (prefill, catch-up)
         self.stop_confidence = 0.0  # end a request's round after a draft token of lower probability; 0 = never
 
     def add_request(self, request: Request) -> None:
@@ -37,6 +37,12 @@ class DraftModelProposer:
 
     def remove_request(self, request: Request) -> None:
         self.cache.free(request.request_id)
+
+    def lag(self, request: Request) -> int:
+        """Committed tokens the draft cache lacks beyond the one every round feeds: what the request's next
+        round would first catch up on (its whole prompt and output if it never drafted)."""
+        length = self.cache.length(request.request_id) if request.request_id in self.cache else 0
+        return max(0, request.num_tokens - length - 1)
 
     def on_committed(self, request: Request) -> None:
         rid = request.request_id
@@ -55,7 +61,7 @@ class DraftModelProposer:
             self.cache.reserve(r.request_id, r.num_tokens)
             chunks.append(SeqChunk(r.request_id, r.tokens(start, r.num_tokens), start, 1))
         # normally a round feeds 1 token per request (2 after a fully accepted round)
-        self.caught_up_long = any(len(c.token_ids) > 2 for c in chunks)
+        self.catch_up_tokens = sum(len(c.token_ids) for c in chunks) - len(chunks)
         logits = self.runner.execute(chunks)
         active = list(range(len(requests)))
         for step in range(max(ks)):

@@ -11,7 +11,7 @@ from engine.spec_decode.proposer import Draft
 
 class NgramProposer:
     name = "ngram"
-    caught_up_long = False
+    catch_up_tokens = 0
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n

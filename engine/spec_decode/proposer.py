@@ -22,7 +22,7 @@ class Draft:
 
 class Proposer(Protocol):
     name: str
-    caught_up_long: bool  # the last propose() also caught up on many committed tokens (so its time is no cost sample)
+    catch_up_tokens: int  # tokens the last propose() fed beyond one per request: what it caught up on
 
     def add_request(self, request: Request) -> None: ...
 

@@ -89,3 +89,27 @@ def test_draft_rounds_stopped_by_confidence_equal_plain(engine, prompts, plain):
     assert run(engine, prompts, [None] * len(prompts)) == plain
     rounds, drafted = engine.stats.total.rounds - drafts_before, engine.stats.num_draft_tokens - tokens_before
     assert drafted < 0.75 * 8 * rounds, "the confidence stop never shortened a round"
+
+
+def test_the_policy_sees_the_draft_models_lag_and_what_catching_up_cost(engine, prompts):
+    """Views carry each request's draft lag (its whole context before its first draft, then at most the one
+    token a fully accepted round leaves), and step timings the tokens the draft model caught up on."""
+    seen: list[int] = []
+    decide, observe_step = engine.policy.decide, engine.policy.observe_step
+    lags: list[tuple[int, ...]] = []
+    engine.policy.decide = lambda batch: lags.append(tuple(v.draft_lag for v in batch.requests)) or decide(batch)
+    engine.policy.observe_step = lambda timing: seen.append(timing.num_draft_catch_up_tokens) or observe_step(timing)
+    try:
+        set_mode(engine, "off", 1)
+        engine.add_request("lag", prompts[0], SamplingParams(max_tokens=8, temperature=0.0))
+        for _ in range(3):  # prefill, then plain steps: the draft model sees nothing
+            engine.step()
+        set_mode(engine, "draft", 2)
+        while engine.has_work():
+            engine.step()
+    finally:
+        engine.policy.decide, engine.policy.observe_step = decide, observe_step
+    n = len(prompts[0])
+    assert lags[:3] == [(n,), (n + 1,), (n + 2,)]  # the prompt and each plain step's token, less the one fed per round
+    assert seen[2] == n + 2  # the first draft round prefilled it all
+    assert all(lag[0] <= 1 for lag in lags[3:]) and all(tokens <= 1 for tokens in seen[3:])

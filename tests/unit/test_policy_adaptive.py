@@ -125,6 +125,27 @@ def test_overrides_are_respected() -> None:
     assert nodraft_rep.proposer == "ngram" and nodraft_rep.k > 0
 
 
+def test_the_draft_models_catch_up_is_spread_over_the_rounds_left() -> None:
+    """Before a request's first draft the draft model must prefill its context: worth it for a request with
+    many tokens left, not for one about to finish; a request the draft model has kept up with just drafts."""
+    model = CostModel()
+    rng = random.Random(0)
+    for _ in range(300):  # a draft model that pays 0.1 ms per token it catches up on
+        batch, k, catch_up = rng.randint(1, 8), rng.randint(1, 4), rng.choice([0, 20, 300])
+        model.observe(StepTiming(batch, batch * (1 + k), 8e-3 + 2.5e-4 * batch * (1 + k), batch * k,
+                                 k * (1.5e-3 + 2e-5 * batch) + 1e-4 * catch_up, batch, k,
+                                 num_draft_catch_up_tokens=catch_up))
+    policy = AdaptivePolicy(quiet(), LearnedState(cost_model=model))
+    for request_id in ("kept up", "new, long", "new, ending"):
+        teach(policy, request_id, accepted=3, drafted=4)
+    kept_up, long, ending = policy.decide(BatchView((
+        view("kept up", num_remaining_tokens=3, max_k=2),
+        view("new, long", draft_lag=400, num_remaining_tokens=400),
+        view("new, ending", draft_lag=400, num_remaining_tokens=3, max_k=2))))
+    assert kept_up.k > 0 and long.k > 0
+    assert ending.k == 0
+
+
 def test_k_max_and_load_limit_settings() -> None:
     policy = AdaptivePolicy(quiet(k_max=3))
     teach(policy, "r", accepted=8, drafted=8)

@@ -137,3 +137,24 @@ def test_recovers_the_fixed_cost_of_speculating() -> None:
     summary = model.fit_summary()
     assert summary["verify_seconds"]["per_speculating_step"] == coef.g
     assert summary["draft_seconds"]["per_round"] == coef.f
+
+
+def test_recovers_what_the_draft_model_pays_to_catch_up() -> None:
+    """Draft rounds that also prefill a request's context (its first round) or catch up on tokens it missed
+    are cost samples too: h is learned apart from the per-pass costs."""
+    rng = random.Random(3)
+    h = 3e-5
+    model = CostModel()
+    for _ in range(400):
+        batch, k = rng.randint(1, 8), rng.choice([1, 2, 3, 4])
+        catch_up = rng.choice([0, 0, 0, 5, 150, 400])
+        real = timing(batch, batch * (1 + k), passes=k, users=batch, noise=0.01, rng=rng)
+        model.observe(StepTiming(batch, real.num_tokens, real.target_seconds, real.num_draft_tokens,
+                                 real.draft_seconds + h * catch_up, real.num_draft_requests, k,
+                                 num_draft_catch_up_tokens=catch_up))
+    coef = model.coefficients()
+    assert coef.h == pytest.approx(h, rel=0.15)
+    assert coef.d == pytest.approx(TRUE["d"], rel=0.1)
+    assert model.predict_step(1, 3, DraftPlan(2, 1, 100.0)) - model.predict_step(1, 3, DraftPlan(2, 1)) == \
+        pytest.approx(100 * coef.h)
+    assert model.fit_summary()["draft_seconds"]["per_catch_up_token"] == coef.h

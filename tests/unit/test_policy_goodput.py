@@ -31,7 +31,9 @@ def objective(candidates: list[Candidate], coeffs: CostCoefficients, prefill: in
         sticky = c.previous is not None and c.previous[1] == k and (k == 0 or c.previous[0] == proposer)
         tokens += expected_tokens(alpha, k) * (1.0 + hysteresis if sticky else 1.0)
     draft_ks = [k for k, proposer in combo if proposer == "draft" and k]
-    plan = DraftPlan(max(draft_ks), len(draft_ks)) if draft_ks else None
+    catch_up = sum(c.draft_catch_up for c, (k, proposer) in zip(candidates, combo, strict=True)
+                   if proposer == "draft" and k)
+    plan = DraftPlan(max(draft_ks), len(draft_ks), catch_up) if draft_ks else None
     num_drafted = sum(k for k, _ in combo)
     return tokens / coeffs.step_seconds(n, n + prefill + num_drafted, plan, verifies=num_drafted > 0)
 
@@ -49,6 +51,7 @@ candidate = st.builds(
     max_k_draft=st.integers(0, 3),
     alpha_ngram=st.floats(0.05, 0.99),
     max_k_ngram=st.integers(0, 3),
+    draft_catch_up=st.one_of(st.just(0.0), st.floats(0.0, 200.0)),
 )
 coefficients = st.builds(
     CostCoefficients,
@@ -59,6 +62,7 @@ coefficients = st.builds(
     e=st.floats(0.0, 1e-3),
     f=st.floats(0.0, 5e-3),
     g=st.floats(0.0, 5e-3),
+    h=st.floats(0.0, 1e-4),
 )
 
 
@@ -93,6 +97,20 @@ def test_fixed_cost_alone_can_veto_speculation() -> None:
     assert plan.goodput == pytest.approx(4 / cheap_tokens_dear_entry.step_seconds(4, 4))
 
 
+def test_a_draft_models_catch_up_is_charged_to_the_requests_that_need_it() -> None:
+    """Two requests alike but for the draft model's catch-up: the one whose context it must still prefill
+    stays on plain decode where the other drafts, and the plan's time includes what it does charge."""
+    coeffs = CostCoefficients(a=8e-3, b=5e-5, c=2.5e-4, d=1.5e-3, e=2e-5, h=3e-5)
+    drafting, new = Candidate(0.7, 4, 0.0, 0), Candidate(0.7, 4, 0.0, 0, draft_catch_up=400.0)
+    plan = plan_batch([drafting, new], coeffs)
+    assert plan.ks[0] > 0 and plan.ks[1] == 0
+    assert plan.draft_catch_up == 0.0
+    charged = plan_batch([Candidate(0.7, 4, 0.0, 0, draft_catch_up=5.0)], coeffs)  # a few missed tokens: still pays
+    assert charged.ks[0] > 0 and charged.draft_catch_up == 5.0
+    assert charged.step_seconds == pytest.approx(
+        coeffs.step_seconds(1, 1 + charged.ks[0], DraftPlan(charged.ks[0], 1, 5.0)))
+
+
 def test_cheap_tokens_and_high_alpha_give_long_drafts() -> None:
     plan = plan_batch([Candidate(0.95, 8, 0.0, 0)], COEFFS)
     assert plan.ks == (8,) and plan.proposers == ("draft",)
@@ -123,8 +141,8 @@ previous = st.one_of(st.none(), st.tuples(st.sampled_from(["draft", "ngram"]), s
        st.sampled_from([0.03, 0.2]))
 def test_plan_is_the_exact_optimum_with_hysteresis(pairs, coeffs: CostCoefficients, prefill: int,
                                                    hysteresis: float) -> None:
-    candidates = [Candidate(c.alpha_draft, c.max_k_draft, c.alpha_ngram, c.max_k_ngram, previous=prev)
-                  for c, prev in pairs]
+    candidates = [Candidate(c.alpha_draft, c.max_k_draft, c.alpha_ngram, c.max_k_ngram, previous=prev,
+                            draft_catch_up=c.draft_catch_up) for c, prev in pairs]
     plan = plan_batch(candidates, coeffs, prefill, hysteresis)
     chosen = objective(candidates, coeffs, prefill, hysteresis, tuple(zip(plan.ks, plan.proposers, strict=True)))
     assert chosen >= brute_force_goodput(candidates, coeffs, prefill, hysteresis) * (1 - 1e-9)
