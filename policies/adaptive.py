@@ -5,6 +5,8 @@ reads the current step-cost fit (policies/cost_model.py) and picks all k's joint
 batch's expected goodput (policies/goodput.py). Load enters through the cost model: when tokens are
 expensive (large, compute-bound batches) extra draft tokens stop paying and requests fall back to
 k = 0; when the batch shrinks they pay again and speculation resumes, since alpha estimates are kept.
+A request's first draft (and its first after plain steps) makes the draft model catch up on what it has
+not seen; the plan charges that to the request, spread over the rounds it has left (``_catch_up_share``).
 
 Three corrections on top of the pure optimum:
 - hysteresis: a request's previous (proposer, k) gets a bonus of ``hysteresis`` in the objective, so k

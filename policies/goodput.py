@@ -25,8 +25,8 @@ draft-model user, whose catch-up only adds to that) does no better than plain de
 only rise over Dinkelbach's iterations, so a request set aside at the first price stays aside. At
 17-32 requests, 85% of the requests and half the steps were set aside in the policy sweep's replays.
 
-Hysteresis enters as a bonus: a request's previous choice counts its expected tokens times (1 + h),
-so a new choice must beat it by more than h to be taken.
+Hysteresis enters as a bonus: a request's previous choice counts its expected tokens times (1 + hysteresis),
+so a new choice must beat it by more than the hysteresis to be taken.
 """
 
 from __future__ import annotations
