@@ -146,9 +146,13 @@ class AcceptanceEstimator:
         self._requests: dict[tuple[str, str], RequestCounts] = {}
         self._totals: dict[str, ProposerTotals] = {name: ProposerTotals() for name in PROPOSERS}
         self._dispersion = {name: [Dispersion() for _ in TEMPERATURE_BUCKETS] for name in PROPOSERS}
+        # (proposer, bucket) -> (prior, prior trials): read for every request every step, changed only by
+        # observations, finished requests and settings
+        self._shared: dict[tuple[str, int], tuple[float, float]] = {}
 
     def configure(self, settings: PolicySettings) -> None:
         self._settings = settings
+        self._shared.clear()
 
     def observe(self, outcome: RoundOutcome) -> None:
         if outcome.num_drafted <= 0 or outcome.proposer not in self._totals:
@@ -166,6 +170,7 @@ class AcceptanceEstimator:
         totals.num_drafted += outcome.num_drafted
         totals.num_accepted += accepted
         totals.per_bucket[bucket].add(accepted, trials, GLOBAL_DECAY)
+        self._shared.pop((outcome.proposer, bucket), None)
 
     def prior(self, proposer: str, temperature: float) -> float:
         """The global rate of ``proposer`` at this temperature bucket (settings prior before data)."""
@@ -176,12 +181,16 @@ class AcceptanceEstimator:
 
     def alpha(self, request_id: str, proposer: str, temperature: float) -> float:
         """The request's own decayed rate, blended with the prior during warm-up, floored and capped."""
-        prior = self.prior(proposer, temperature)
+        key = (proposer, temperature_bucket(temperature))
+        shared = self._shared.get(key)
+        if shared is None:
+            shared = self._shared[key] = (self.prior(proposer, temperature), self.prior_trials(proposer, temperature))
+        prior, prior_trials = shared
         counts = self._requests.get((request_id, proposer))
         if counts is None or counts.trials <= 0.0:
             estimate = prior
         else:
-            own = counts.rate(prior, self.prior_trials(proposer, temperature))
+            own = counts.rate(prior, prior_trials)
             warmup = self._settings.warmup_rounds
             weight = 1.0 if warmup == 0 else min(1.0, counts.num_rounds / warmup)
             estimate = weight * own + (1.0 - weight) * prior
@@ -197,6 +206,7 @@ class AcceptanceEstimator:
             counts = self._requests.pop((request_id, proposer), None)
             if counts is not None and counts.total_trials > 0:
                 self._dispersion[proposer][counts.bucket].add(counts.total_accepted, counts.total_trials)
+                self._shared.pop((proposer, counts.bucket), None)
 
     @property
     def num_tracked_requests(self) -> int:
