@@ -10,9 +10,9 @@ One cell, to look into it (the JSON keeps each run's histogram of chosen k):
         --policies "draft k=2" --output cell
 
 Concurrency c means c clients, each sending its next request as soon as its last one completes (vLLM's
-``--max-concurrency``): a run serves ``--requests-per-client`` x c requests (at least 8) with at most c in
-flight. Submitting c requests at once and waiting for the last would instead end every run on a tail of
-a few stragglers, which no server with steady traffic sees.
+``--max-concurrency``): a run serves ``--requests-per-client`` x c requests (at least ``--min-requests``,
+16) with at most c in flight. Submitting c requests at once and waiting for the last would instead end
+every run on a tail of a few stragglers, which no server with steady traffic sees.
 
 Output lengths vary as in real traffic: request i asks for a max_tokens drawn (the same for every policy)
 from ``--new-tokens`` x [1 - spread, 1 + spread]. With one length for all, plain decode would finish
@@ -54,7 +54,6 @@ from engine.types import SamplingParams
 
 # adaptive runs first in each round, so its first contact with a cell (the warm-up) is its own: the fixed
 # policies' runs of the cell, which feed the shared acceptance and step-cost estimates, come after it
-MIN_REQUESTS = 8  # requests per run at the lowest concurrencies: at T > 0, fewer leave a run to sampling luck
 POLICIES = {
     "adaptive": {"mode": "auto"},
     "off": {"mode": "off"},
@@ -77,6 +76,8 @@ def main() -> None:
     ap.add_argument("--length-spread", type=float, default=0.5,
                     help="max_tokens spread uniformly over new-tokens x [1 - spread, 1 + spread]")
     ap.add_argument("--requests-per-client", type=int, default=2, help="each run serves this many requests per client")
+    ap.add_argument("--min-requests", type=int, default=16,
+                    help="requests per run at the lowest concurrencies: at T > 0, fewer leave a run to sampling luck")
     ap.add_argument("--repeats", type=int, default=3, help="runs per cell and policy; the median is reported")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per cell and policy before the repeats")
     ap.add_argument("--output", default="policy_sweep", help="name of the JSON and PNG in bench/results/")
@@ -90,7 +91,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     engine = make_engine(args.dtype, args.device, max_seq_len=1024, max_running=64, max_num_batched_tokens=2048)
     levels = [int(c) for c in args.concurrency.split(",")]
-    num_texts = max(MIN_REQUESTS, args.requests_per_client * max(levels))
+    num_texts = max(args.min_requests, args.requests_per_client * max(levels))
     code, prose = code_prompts(num_texts, max_chars=500), PROSE
     workloads = {name: texts for name, texts in {"code": code, "prose": prose}.items()
                  if name in args.workloads.split(",")}
@@ -110,9 +111,10 @@ def main() -> None:
     for workload, texts in workloads.items():
         for temperature in (float(t) for t in args.temperatures.split(",")):
             for n in levels:
-                # at least MIN_REQUESTS different prompts per run: one sampled text alone would make a cell's
-                # throughput mostly the luck of that sample's acceptance
-                num_requests = max(MIN_REQUESTS, args.requests_per_client * n)
+                # at least --min-requests different prompts per run: one sampled text alone would make a cell's
+                # throughput mostly the luck of that sample's acceptance, and with 8 of them two identical
+                # policies (the twin) still read 0.93-1.12x each other at 1-2 clients, T > 0
+                num_requests = max(args.min_requests, args.requests_per_client * n)
                 prompts = [engine.tokenizer.encode(texts[i % len(texts)]) for i in range(num_requests)]
                 # no seed: a seeded sampling request drafts a fixed k under `auto` (reproducibility), so seeds
                 # would turn the adaptive policy into fixed k = 4 at T > 0
