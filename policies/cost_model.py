@@ -16,11 +16,10 @@ first draft round, and the tokens it missed while it decoded plainly. At 16 requ
 pair, fixed draft k = 2 spent 8% of its time there (~30 us per token on one CPU thread); such rounds
 were once left out of the fit, and the plan started drafting for requests at a price it never saw.
 
-Fits are ridge regressions over a window
-of recent steps (512), pulled towards a prior scaled to the measured level: the relative defaults at
-first, later the last values the data determined well. Directions the window does not determine (e.g.
-b vs c while every step feeds one token per request) stay at the prior instead of swinging to
-nonsense, and negative coefficients are clamped to zero.
+Fits are ridge regressions over a window of recent steps (512), pulled towards a prior scaled to the
+measured level: the relative defaults at first, later the last values the data determined well.
+Directions the window does not determine (e.g. b vs c while every step feeds one token per request) stay
+at the prior instead of swinging to nonsense, and negative coefficients are clamped to zero.
 """
 
 from __future__ import annotations
