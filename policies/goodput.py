@@ -5,8 +5,9 @@ E[tokens] = (1 - alpha^(k+1)) / (1 - alpha) per round (accepted drafts + the bon
 SmartSpec generalises this to a batch: goodput = sum_i E_i(k_i) / T_step, where T_step depends on
 everyone's choice: a + b*n + c*(tokens fed) on the target, plus g if anyone speculates, plus
 f + K_d * (d + e*n_d) + h * (catch-up) for the draft model, K_d being the largest k among the n_d draft
-users (the draft runs K_d sequential passes for all of them) and the catch-up what each user's lag
-costs it this step (a share of it, see policies/adaptive.py).
+users (the draft runs K_d sequential passes for all of them) and the catch-up each user's share of its
+lag: the draft model catches a request up once, for all the tokens it then emits drafting, so each
+expected token is charged lag / tokens left (see policies/adaptive.py).
 
 Maximising a ratio is done by Dinkelbach's method: for a price lambda (seconds are worth lambda tokens)
 maximise sum_i E_i - lambda * T. For a fixed K_d that problem separates per request (each picks plain,
@@ -55,7 +56,7 @@ class Candidate:
     alpha_ngram: float
     max_k_ngram: int
     previous: tuple[str, int] | None = None  # (proposer, k) chosen last step, for hysteresis
-    draft_catch_up: float = 0.0  # tokens of the draft model's catch-up charged to this step if it drafts
+    draft_catch_up: float = 0.0  # the draft model's catch-up charged per token the request emits drafting
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class BatchPlan:
     num_tokens: int  # fed to the target, prefill included
     draft_passes: int
     num_draft_requests: int
-    draft_catch_up: float = 0.0  # summed over the draft-model users
+    draft_catch_up: float = 0.0  # catch-up tokens charged to the step: summed over the draft-model users
 
     @property
     def goodput(self) -> float:
@@ -95,12 +96,13 @@ def _token_table(alpha: float, cap: int) -> list[float]:
 @dataclass
 class _Tables:
     """Per request: the value of plain decode and E[tokens] per k for each proposer (index k, up to its cap),
-    and the catch-up tokens the draft model would feed it."""
+    and the draft model's catch-up charged per token it emits drafting (on the true E[tokens], ``draft_true``)."""
 
     plain: list[float]
     draft: list[list[float]]
     ngram: list[list[float]]
     catch_up: list[float]
+    draft_true: list[list[float]]
 
 
 Choice = tuple[list[int], list[bool]]  # per request: k, and whether the draft model proposes (else n-gram)
@@ -124,8 +126,9 @@ def plan_batch(
         return _plain_plan(n, base_tokens, coeffs)
     # the set-aside requests decode plainly: their tokens are a constant, their fed tokens part of the base
     subset = [candidates[i] for i in active]
-    true = _Tables([1.0] * len(subset), [_token_table(c.alpha_draft, c.max_k_draft) for c in subset],
-                   [_token_table(c.alpha_ngram, c.max_k_ngram) for c in subset], [c.draft_catch_up for c in subset])
+    draft_tables = [_token_table(c.alpha_draft, c.max_k_draft) for c in subset]
+    true = _Tables([1.0] * len(subset), draft_tables, [_token_table(c.alpha_ngram, c.max_k_ngram) for c in subset],
+                   [c.draft_catch_up for c in subset], draft_tables)
     objective = _with_hysteresis(true, subset, bonus)
     aside_objective = sum(plain) - sum(plain[i] for i in active)
     choice: Choice = ([0] * len(subset), [False] * len(subset))
@@ -140,7 +143,8 @@ def plan_batch(
     for i, k, draft in zip(active, *choice, strict=True):
         ks[i], uses_draft[i] = k, draft
     draft_ks = [k for k, draft in zip(*choice, strict=True) if draft]
-    catch_up = sum(cost for cost, draft in zip(true.catch_up, choice[1], strict=True) if draft)
+    catch_up = sum(rate * table[k] for rate, table, k, draft in zip(true.catch_up, true.draft, *choice, strict=True)
+                   if draft)
     return BatchPlan(
         ks=tuple(ks),
         proposers=tuple(DRAFT if draft or not k else NGRAM for k, draft in zip(ks, uses_draft, strict=True)),
@@ -165,13 +169,15 @@ def _gain_bounds(candidate: Candidate, lam: float, coeffs: CostCoefficients) -> 
     ngram = _best_run(_clamped(candidate.alpha_ngram), candidate.max_k_ngram, token_price)
     if not candidate.max_k_draft:
         return ngram, 0.0
-    draft = _best_run(_clamped(candidate.alpha_draft), candidate.max_k_draft, token_price + lam * coeffs.e)
-    return ngram, draft - lam * coeffs.h * candidate.draft_catch_up
+    # the catch-up taxes every token the request emits drafting: E(k) (1 - tax) - 1 = sum_j (alpha^j (1 - tax)) - tax
+    tax = lam * coeffs.h * candidate.draft_catch_up
+    draft = _best_run(_clamped(candidate.alpha_draft), candidate.max_k_draft, token_price + lam * coeffs.e, 1.0 - tax)
+    return ngram, draft - tax
 
 
-def _best_run(alpha: float, cap: int, price: float) -> float:
-    """max over k <= cap of sum_{j <= k} (alpha^j - price): the terms fall with j, so the positive ones."""
-    total, power = 0.0, 1.0
+def _best_run(alpha: float, cap: int, price: float, worth: float = 1.0) -> float:
+    """max over k <= cap of sum_{j <= k} (worth * alpha^j - price): the terms fall with j, so the positive ones."""
+    total, power = 0.0, worth
     for _ in range(cap):
         power *= alpha
         if power <= price:
@@ -197,7 +203,8 @@ def _cannot_pay(bounds: Sequence[tuple[float, float] | None], plain: Sequence[fl
 
 def _with_hysteresis(true: _Tables, candidates: Sequence[Candidate], bonus: float) -> _Tables:
     """The objective's tables: each request's previous choice counts its expected tokens times ``bonus``."""
-    tables = _Tables(list(true.plain), [list(t) for t in true.draft], [list(t) for t in true.ngram], true.catch_up)
+    tables = _Tables(list(true.plain), [list(t) for t in true.draft], [list(t) for t in true.ngram], true.catch_up,
+                     true.draft_true)
     for i, c in enumerate(candidates):
         if c.previous is None:
             continue
@@ -222,18 +229,19 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
     gains = [0.0] * (k_top + 1)  # per K_d: summed gains of the requests that draft at it
     without_draft: list[tuple[float, int]] = []  # per request: (value, n-gram k or 0) of its best non-draft choice
     draft_k: list[list[int]] = []  # per request and K_d: its best draft k <= K_d
-    for plain, draft, ngram, catch_up in zip(tables.plain, tables.draft, tables.ngram, tables.catch_up, strict=True):
+    for plain, draft, ngram, catch_up, draft_true in zip(tables.plain, tables.draft, tables.ngram, tables.catch_up,
+                                                         tables.draft_true, strict=True):
         value, k_ngram = plain, 0
         for k in range(1, len(ngram)):
             if ngram[k] - token_price * k > value:
                 value, k_ngram = ngram[k] - token_price * k, k
         without_draft.append((value, k_ngram))
         best, best_k, ks = -math.inf, 0, [0]
-        catch_up_price = lam * coeffs.h * catch_up
+        tax = lam * coeffs.h * catch_up  # per true expected token: the catch-up spread over what it emits
         for passes in range(1, k_top + 1):
-            if passes < len(draft) and draft[passes] - token_price * passes > best:
-                best, best_k = draft[passes] - token_price * passes, passes
-            gain = best - user_price * passes - catch_up_price - value
+            if passes < len(draft) and draft[passes] - tax * draft_true[passes] - token_price * passes > best:
+                best, best_k = draft[passes] - tax * draft_true[passes] - token_price * passes, passes
+            gain = best - user_price * passes - value
             if gain > 0.0:
                 gains[passes] += gain
             ks.append(best_k)
@@ -244,10 +252,11 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
         if base + gains[k_d] - lam * (coeffs.d * k_d + coeffs.f) > total:
             total, passes = base + gains[k_d] - lam * (coeffs.d * k_d + coeffs.f), k_d
     ks, uses_draft = [], []
-    for draft, catch_up, (value, k_ngram), k_by_passes in zip(tables.draft, tables.catch_up, without_draft, draft_k,
-                                                              strict=True):
+    for draft, catch_up, draft_true, (value, k_ngram), k_by_passes in zip(
+            tables.draft, tables.catch_up, tables.draft_true, without_draft, draft_k, strict=True):
         k = k_by_passes[passes]
-        drafts = k > 0 and draft[k] - token_price * k - user_price * passes - lam * coeffs.h * catch_up > value
+        tax = lam * coeffs.h * catch_up
+        drafts = k > 0 and draft[k] - tax * draft_true[k] - token_price * k - user_price * passes > value
         ks.append(k if drafts else k_ngram)
         uses_draft.append(drafts)
     if any(ks) and total - lam * coeffs.g < sum(tables.plain):  # speculating does not pay its fixed cost
@@ -266,7 +275,7 @@ def _evaluate(choice: Choice, tables: _Tables, batch_size: int, base_tokens: int
             tokens += tables.plain[i]
         elif draft:
             tokens, passes, users = tokens + tables.draft[i][k], max(passes, k), users + 1
-            catch_up += tables.catch_up[i]
+            catch_up += tables.catch_up[i] * tables.draft_true[i][k]
         else:
             tokens += tables.ngram[i][k]
     num_drafted = sum(ks)
@@ -284,10 +293,11 @@ def with_probe(
     catch_up: float = 0.0,
 ) -> BatchPlan:
     """The plan with request ``index`` (now at k = 0) drafting k tokens with ``proposer`` instead (``catch_up``:
-    the draft model's catch-up tokens charged to it, if that proposer is the draft model)."""
+    the draft model's catch-up charged per token it emits, if that proposer is the draft model)."""
     draft_passes, num_draft, draft_catch_up = plan.draft_passes, plan.num_draft_requests, plan.draft_catch_up
     if proposer == "draft":
-        draft_passes, num_draft, draft_catch_up = max(draft_passes, k), num_draft + 1, draft_catch_up + catch_up
+        draft_passes, num_draft = max(draft_passes, k), num_draft + 1
+        draft_catch_up += catch_up * expected_tokens(alpha, k)
     num_tokens = plan.num_tokens + k
     draft = DraftPlan(draft_passes, num_draft, draft_catch_up) if num_draft else None
     return BatchPlan(

@@ -31,8 +31,8 @@ def objective(candidates: list[Candidate], coeffs: CostCoefficients, prefill: in
         sticky = c.previous is not None and c.previous[1] == k and (k == 0 or c.previous[0] == proposer)
         tokens += expected_tokens(alpha, k) * (1.0 + hysteresis if sticky else 1.0)
     draft_ks = [k for k, proposer in combo if proposer == "draft" and k]
-    catch_up = sum(c.draft_catch_up for c, (k, proposer) in zip(candidates, combo, strict=True)
-                   if proposer == "draft" and k)
+    catch_up = sum(c.draft_catch_up * expected_tokens(c.alpha_draft, k)
+                   for c, (k, proposer) in zip(candidates, combo, strict=True) if proposer == "draft" and k)
     plan = DraftPlan(max(draft_ks), len(draft_ks), catch_up) if draft_ks else None
     num_drafted = sum(k for k, _ in combo)
     return tokens / coeffs.step_seconds(n, n + prefill + num_drafted, plan, verifies=num_drafted > 0)
@@ -51,7 +51,7 @@ candidate = st.builds(
     max_k_draft=st.integers(0, 3),
     alpha_ngram=st.floats(0.05, 0.99),
     max_k_ngram=st.integers(0, 3),
-    draft_catch_up=st.one_of(st.just(0.0), st.floats(0.0, 200.0)),
+    draft_catch_up=st.one_of(st.just(0.0), st.floats(0.0, 20.0)),
 )
 coefficients = st.builds(
     CostCoefficients,
@@ -98,17 +98,18 @@ def test_fixed_cost_alone_can_veto_speculation() -> None:
 
 
 def test_a_draft_models_catch_up_is_charged_to_the_requests_that_need_it() -> None:
-    """Two requests alike but for the draft model's catch-up: the one whose context it must still prefill
-    stays on plain decode where the other drafts, and the plan's time includes what it does charge."""
+    """Two requests alike but for the draft model's catch-up: the one whose context it must still prefill, with
+    few tokens left to spread it over, stays on plain decode where the other drafts; the plan's time includes
+    what it does charge (per expected token)."""
     coeffs = CostCoefficients(a=8e-3, b=5e-5, c=2.5e-4, d=1.5e-3, e=2e-5, h=3e-5)
-    drafting, new = Candidate(0.7, 4, 0.0, 0), Candidate(0.7, 4, 0.0, 0, draft_catch_up=400.0)
+    drafting, new = Candidate(0.7, 4, 0.0, 0), Candidate(0.7, 4, 0.0, 0, draft_catch_up=100.0)
     plan = plan_batch([drafting, new], coeffs)
     assert plan.ks[0] > 0 and plan.ks[1] == 0
     assert plan.draft_catch_up == 0.0
-    charged = plan_batch([Candidate(0.7, 4, 0.0, 0, draft_catch_up=5.0)], coeffs)  # a few missed tokens: still pays
-    assert charged.ks[0] > 0 and charged.draft_catch_up == 5.0
-    assert charged.step_seconds == pytest.approx(
-        coeffs.step_seconds(1, 1 + charged.ks[0], DraftPlan(charged.ks[0], 1, 5.0)))
+    charged = plan_batch([Candidate(0.7, 4, 0.0, 0, draft_catch_up=2.0)], coeffs)  # 2 tokens per token left: pays
+    k = charged.ks[0]
+    assert k > 0 and charged.draft_catch_up == pytest.approx(2.0 * expected_tokens(0.7, k))
+    assert charged.step_seconds == pytest.approx(coeffs.step_seconds(1, 1 + k, DraftPlan(k, 1, charged.draft_catch_up)))
 
 
 def test_cheap_tokens_and_high_alpha_give_long_drafts() -> None:
