@@ -58,14 +58,15 @@ class AdaptivePolicy(LearningPolicy):
         allowed = self._allowed_proposers(batch.load, measured=batch.num_prefilling == 0)
         if not allowed:
             self.last_plan = None
-            return [PLAIN] * len(requests)
+            return self._with_named_proposers(requests, [PLAIN] * len(requests))
         candidates = [self._candidate(view, allowed) for view in requests]
         coeffs = self.cost_model.coefficients()
         plan = plan_batch(candidates, coeffs, batch.num_prefill_tokens, self.settings.hysteresis)
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
         plan = self.last_plan = self._explore(plan, candidates, coeffs)
-        return [Decision(k, proposer) if k > 0 else PLAIN for k, proposer in zip(plan.ks, plan.proposers, strict=True)]
+        return self._with_named_proposers(requests, [Decision(k, proposer) if k > 0 else PLAIN
+                                                     for k, proposer in zip(plan.ks, plan.proposers, strict=True)])
 
     def reconfigure(self, settings: PolicySettings) -> None:
         if settings.seed != self.settings.seed:
@@ -83,6 +84,20 @@ class AdaptivePolicy(LearningPolicy):
             return ALL_PROPOSERS
         return self.guard.allowed_proposers(batch_size, self.batch_temperature, self._rng,
                                             settings.guard_probe_rate, measured)
+
+    def _with_named_proposers(self, requests: tuple[RequestView, ...], decisions: list[Decision]) -> list[Decision]:
+        """A request that named its proposer (``speculation.mode`` "draft" or "ngram") speculates with it
+        whenever it can: the plan picks its k, but where the plan or the guard would decode it plainly it
+        drafts the configured fixed k, as under the fixed policy. Only the operator's load limit stops it."""
+        for i, view in enumerate(requests):
+            mode = view.override_mode
+            if decisions[i].k > 0 or mode == "auto" or mode == "off":
+                continue
+            usable = view.draft_available if mode == "draft" else view.ngram_match_len >= 1
+            k = min(self.settings.k, self.settings.k_max, view.max_k)
+            if usable and k > 0:
+                decisions[i] = Decision(k, mode)
+        return decisions
 
     def _candidate(self, view: RequestView, allowed: frozenset[str]) -> Candidate:
         """The request's options: which proposers it may use this step, their alphas, and the k cap."""

@@ -125,6 +125,20 @@ def test_overrides_are_respected() -> None:
     assert nodraft_rep.proposer == "ngram" and nodraft_rep.k > 0
 
 
+def test_a_named_proposer_is_used_even_where_the_plan_would_decode_plainly() -> None:
+    """Where speculation does not pay (low alpha), "auto" requests decode plainly, but a request that asked for
+    a proposer speculates with it (the configured k where the plan says 0); with nothing to propose (no n-gram
+    match) it decodes plainly."""
+    policy = AdaptivePolicy(quiet(prior_alpha_draft=0.1, prior_alpha_ngram=0.1, k=3))
+    for request_id in ("auto", "draft", "ngram"):
+        teach(policy, request_id, accepted=0, drafted=2, rounds=40)
+    auto, draft, ngram, nomatch = policy.decide(BatchView((
+        view("auto"), view("draft", override_mode="draft"), view("ngram", match=4, override_mode="ngram"),
+        view("nomatch", override_mode="ngram"))))
+    assert auto.k == 0 and nomatch.k == 0
+    assert draft == Decision(3, "draft") and ngram.proposer == "ngram" and ngram.k > 0
+
+
 def test_the_draft_models_catch_up_is_spread_over_the_rounds_left() -> None:
     """Before a request's first draft the draft model must prefill its context: worth it for a request with
     many tokens left, not for one about to finish; a request the draft model has kept up with just drafts."""
