@@ -33,6 +33,8 @@ from policies.guard import ALL_PROPOSERS
 from policies.learning import LearnedState, LearningPolicy
 from policies.settings import PolicySettings
 
+NO_OPTIONS = Candidate(alpha_draft=0.0, max_k_draft=0, alpha_ngram=0.0, max_k_ngram=0)
+
 
 class AdaptivePolicy(LearningPolicy):
     name = "adaptive"
@@ -106,6 +108,8 @@ class AdaptivePolicy(LearningPolicy):
         draft_ok = view.draft_available and mode in ("auto", "draft") and "draft" in allowed
         min_match = 1 if mode == "ngram" else self.settings.ngram_min_match
         ngram_ok = mode in ("auto", "ngram") and view.ngram_match_len >= min_match and "ngram" in allowed
+        if not (draft_ok or ngram_ok) or cap == 0:
+            return NO_OPTIONS  # plain whatever it chose before: no hysteresis to weigh, and the planner sets it aside
         alpha_draft = self.acceptance.alpha(view.request_id, "draft", view.temperature) if draft_ok else 0.0
         alpha_ngram = self.acceptance.alpha(view.request_id, "ngram", view.temperature) if ngram_ok else 0.0
         return Candidate(

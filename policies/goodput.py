@@ -163,6 +163,8 @@ def _gain_bounds(candidate: Candidate, lam: float, coeffs: CostCoefficients) -> 
     price ``lam`` (see the module doc), the step's shared costs (g, f, d) left out; None for a request whose
     previous choice drafted (its hysteresis bonus lies there). The margin keeps rounding from ever setting
     aside a request at exactly its price."""
+    if not (candidate.max_k_draft or candidate.max_k_ngram):
+        return 0.0, 0.0
     if candidate.previous is not None and candidate.previous[1] > 0:
         return None
     token_price = lam * coeffs.c - 1e-9

@@ -109,7 +109,7 @@ PlainEstimate = Callable[[int], float]  # batch size -> predicted seconds of a p
 
 def batch_bucket(batch_size: int) -> int:
     """1, 2, 3-4, 5-8, ... -> 0, 1, 2, 3, ...: per-token costs change slowly with batch size."""
-    return max(0, math.ceil(math.log2(max(1, batch_size))))
+    return (max(1, batch_size) - 1).bit_length()  # ceil(log2(batch_size)), exactly
 
 
 @dataclass
