@@ -27,7 +27,7 @@ import random
 
 from policies.base import BatchView, Decision, ProposerName, RequestView
 from policies.cost_model import CostCoefficients
-from policies.fixed import PLAIN
+from policies.fixed import PLAIN, fixed_decision
 from policies.goodput import BatchPlan, Candidate, plan_batch, with_probe
 from policies.guard import ALL_PROPOSERS
 from policies.learning import LearnedState, LearningPolicy
@@ -93,12 +93,8 @@ class AdaptivePolicy(LearningPolicy):
         drafts the configured fixed k, as under the fixed policy. Only the operator's load limit stops it."""
         for i, view in enumerate(requests):
             mode = view.override_mode
-            if decisions[i].k > 0 or mode == "auto" or mode == "off":
-                continue
-            usable = view.draft_available if mode == "draft" else view.ngram_match_len >= 1
-            k = min(self.settings.k, self.settings.k_max, view.max_k)
-            if usable and k > 0:
-                decisions[i] = Decision(k, mode)
+            if decisions[i].k == 0 and (mode == "draft" or mode == "ngram"):
+                decisions[i] = fixed_decision(view, mode, self.settings)
         return decisions
 
     def _candidate(self, view: RequestView, allowed: frozenset[str]) -> Candidate:

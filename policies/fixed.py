@@ -51,7 +51,12 @@ class FixedPolicy(LearningPolicy):
         proposer: ProposerName = self.proposer
         if view.override_mode == "draft" or view.override_mode == "ngram":
             proposer = view.override_mode
-        if (proposer == "draft" and not view.draft_available) or (proposer == "ngram" and view.ngram_match_len < 1):
-            return PLAIN
-        k = min(self.settings.k, self.settings.k_max, view.max_k)
-        return Decision(k, proposer) if k > 0 else PLAIN
+        return fixed_decision(view, proposer, self.settings)
+
+
+def fixed_decision(view: RequestView, proposer: ProposerName, settings: PolicySettings) -> Decision:
+    """``proposer`` drafting the configured fixed k, capped by the request; plain where it cannot propose."""
+    if (proposer == "draft" and not view.draft_available) or (proposer == "ngram" and view.ngram_match_len < 1):
+        return PLAIN
+    k = min(settings.k, settings.k_max, view.max_k)
+    return Decision(k, proposer) if k > 0 else PLAIN
