@@ -115,8 +115,17 @@ def hf_generate(model, ids: list[int], max_new: int, **kwargs) -> RunResult:
 
 def environment() -> dict:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
-            "processor": platform.processor(), "cuda": torch.cuda.get_device_name() if torch.cuda.is_available()
+            "processor": platform.processor() or cpu_model(), "cuda": torch.cuda.get_device_name() if torch.cuda.is_available()
             else None, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``platform.processor()`` is empty on Linux): timings differ across hosts."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
 def save(name: str, payload: dict) -> Path:

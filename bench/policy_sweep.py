@@ -11,8 +11,12 @@ One cell, to look into it (the JSON keeps each run's histogram of chosen k):
 
 Concurrency c means c clients, each sending its next request as soon as its last one completes (vLLM's
 ``--max-concurrency``): a run serves ``--requests-per-client`` x c requests (at least ``--min-requests``,
-16) with at most c in flight. Submitting c requests at once and waiting for the last would instead end
-every run on a tail of a few stragglers, which no server with steady traffic sees.
+32) with at most c in flight. Submitting c requests at once and waiting for the last would instead end
+every run on a tail of a few stragglers, which no server with steady traffic sees. Even so, each run
+starts with c prompts arriving at once and ends draining through small batches; with 2 requests per
+client these two phases were a third of a run, and runs of ~1 s (16 requests at 1-8 clients) left two
+identical policies (``--twin``) reading < 0.95x each other's "best fixed" in a third of the cells. Hence
+4 requests per client and at least 32 per run: steadier traffic, and twice the tokens per measurement.
 
 Output lengths vary as in real traffic: request i asks for a max_tokens drawn (the same for every policy)
 from ``--new-tokens`` x [1 - spread, 1 + spread]. With one length for all, plain decode would finish
@@ -75,8 +79,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=48, help="mean max_tokens of the requests")
     ap.add_argument("--length-spread", type=float, default=0.5,
                     help="max_tokens spread uniformly over new-tokens x [1 - spread, 1 + spread]")
-    ap.add_argument("--requests-per-client", type=int, default=2, help="each run serves this many requests per client")
-    ap.add_argument("--min-requests", type=int, default=16,
+    ap.add_argument("--requests-per-client", type=int, default=4, help="each run serves this many requests per client")
+    ap.add_argument("--min-requests", type=int, default=32,
                     help="requests per run at the lowest concurrencies: at T > 0, fewer leave a run to sampling luck")
     ap.add_argument("--repeats", type=int, default=3, help="runs per cell and policy; the median is reported")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per cell and policy before the repeats")
