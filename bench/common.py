@@ -115,8 +115,9 @@ def hf_generate(model, ids: list[int], max_new: int, **kwargs) -> RunResult:
 
 def environment() -> dict:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
-            "processor": platform.processor() or cpu_model(), "cuda": torch.cuda.get_device_name() if torch.cuda.is_available()
-            else None, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "processor": platform.processor() or cpu_model(),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def cpu_model() -> str:
