@@ -179,6 +179,10 @@ class AcceptanceEstimator:
         default = base * DEFAULT_TEMPERATURE_FACTORS[bucket]
         return self._totals[proposer].per_bucket[bucket].rate(default, BUCKET_PRIOR_PSEUDO_TRIALS)
 
+    def is_learned(self, proposer: str, temperature: float) -> bool:
+        """Whether the proposer's observed trials at this temperature bucket outweigh the settings prior."""
+        return self._totals[proposer].per_bucket[temperature_bucket(temperature)].trials >= BUCKET_PRIOR_PSEUDO_TRIALS
+
     def alpha(self, request_id: str, proposer: str, temperature: float) -> float:
         """The request's own decayed rate, blended with the prior during warm-up, floored and capped."""
         key = (proposer, temperature_bucket(temperature))

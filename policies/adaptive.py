@@ -14,7 +14,8 @@ Three corrections on top of the pure optimum:
 - exploration: a request at k = 0 learns nothing about its alpha; with probability
   ``exploration_rate`` it probes k = 1..2 with the proposer that costs least, if the expected cost of
   such probes stays below ``exploration_max_loss`` of the predicted goodput (so no draft probes under
-  heavy load, where each would add whole draft passes to a large batch);
+  heavy load, where each would add whole draft passes to a large batch), or, for one request per step,
+  whatever it costs while that proposer's acceptance at the temperature is unlearned;
 - the goodput guard (policies/guard.py): where speculative steps (at this batch size and temperature)
   have not measurably emitted more tokens per second than plain steps, the step decodes plainly
   whatever the model predicts, or, where only the draft model's route lost, speculates with n-gram
@@ -66,7 +67,7 @@ class AdaptivePolicy(LearningPolicy):
         plan = plan_batch(candidates, coeffs, batch.num_prefill_tokens, self.settings.hysteresis)
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
-        plan = self.last_plan = self._explore(plan, candidates, coeffs)
+        plan = self.last_plan = self._explore(plan, candidates, coeffs, [view.temperature for view in requests])
         return self._with_named_proposers(requests, [Decision(k, proposer) if k > 0 else PLAIN
                                                      for k, proposer in zip(plan.ks, plan.proposers, strict=True)])
 
@@ -117,18 +118,28 @@ class AdaptivePolicy(LearningPolicy):
             draft_catch_up=_catch_up_share(view) if draft_ok else 0.0,
         )
 
-    def _explore(self, plan: BatchPlan, candidates: list[Candidate], coeffs: CostCoefficients) -> BatchPlan:
+    def _explore(self, plan: BatchPlan, candidates: list[Candidate], coeffs: CostCoefficients,
+                 temperatures: list[float]) -> BatchPlan:
         """Turn some k = 0 requests into short probes; the expected cost of probing stays within budget.
 
         Each of the n stuck requests probes with probability ``rate``, so a probe is taken only if its
         predicted goodput loss is at most ``exploration_max_loss / (rate * n)``: one request alone may
         probe with the draft model, 64 of them may not (but n-gram probes, nearly free, still pass).
+
+        The budget prices a probe with the very estimates the probe would correct, so a proposer whose
+        acceptance at this temperature is still unlearned (its trials there do not yet outweigh the prior)
+        is probed whatever the predicted loss, by one request per step at most. Without this, the few slow
+        first steps of a new engine (first-touch allocations, a whole-prompt draft prefill) could fit a
+        draft model so dear that the plan never drafted, so nothing it believed ever changed: in 2 of 10
+        new engines, 32 prose requests at T = 0.7 and 2 clients drafted 3 and 54 tokens (550 tok/s; the
+        other 8: 710-800). With it, 1 of 10 lagged (drafted 412 tokens, 530 tok/s).
         """
         rate = self.settings.exploration_rate
         stuck = [i for i, c in enumerate(candidates) if plan.ks[i] == 0 and (c.max_k_draft or c.max_k_ngram)]
         if rate <= 0.0 or not stuck:
             return plan
         allowed_loss = self.settings.exploration_max_loss / (rate * len(stuck))
+        unlearned_probe = False
         for index in stuck:
             if self._rng.random() >= rate:
                 continue
@@ -139,11 +150,16 @@ class AdaptivePolicy(LearningPolicy):
                 ("draft", candidate.alpha_draft, candidate.max_k_draft),
             )
             options = [
-                with_probe(plan, coeffs, index, alpha, min(k, cap), proposer, candidate.draft_catch_up)
+                (with_probe(plan, coeffs, index, alpha, min(k, cap), proposer, candidate.draft_catch_up),
+                 not self.acceptance.is_learned(proposer, temperatures[index]))
                 for proposer, alpha, cap in choices
                 if cap > 0
             ]
-            probed = max(options, key=lambda option: option.goodput)  # the cheaper way to learn
+            unlearned = [option for option, is_unlearned in options if is_unlearned]
+            if unlearned and not unlearned_probe:
+                plan, unlearned_probe = max(unlearned, key=lambda option: option.goodput), True
+                continue
+            probed = max((option for option, _ in options), key=lambda option: option.goodput)  # the cheaper way
             if probed.goodput >= (1.0 - allowed_loss) * plan.goodput:
                 plan = probed
         return plan

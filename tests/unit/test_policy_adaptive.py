@@ -193,10 +193,24 @@ def test_exploration_stays_within_its_loss_budget_under_heavy_load() -> None:
     assert probed <= 2
 
 
+def test_an_unlearned_proposer_is_probed_whatever_the_budget_by_one_request_a_step() -> None:
+    """Regression: the budget prices a probe with the estimates the probe would correct, so a new server whose
+    first steps made drafting look dear never drafted, and never learned otherwise."""
+    settings = PolicySettings(prior_alpha_draft=0.05, exploration_rate=1.0, exploration_max_loss=0.01)
+    policy = AdaptivePolicy(settings, LearnedState(cost_model=compute_bound_cost_model()))
+    crowd = BatchView(tuple(view(f"r{index}") for index in range(64)))
+    assert sum(1 for d in policy.decide(crowd) if d.k > 0) == 1
+    teach(policy, "seen", accepted=0, drafted=2, rounds=30)  # 30 trials at T = 0 outweigh the prior
+    assert not any(d.k for d in policy.decide(crowd))
+    hot = BatchView(tuple(view(f"r{index}", temperature=1.0) for index in range(64)))
+    assert sum(1 for d in policy.decide(hot) if d.k > 0) == 1  # T = 1 is another bucket, still unlearned
+
+
 def test_probe_uses_the_cheaper_proposer_under_load() -> None:
     """Regression: probes picked the proposer by alpha alone, so under load draft probes were all refused."""
     settings = PolicySettings(prior_alpha_ngram=0.3, exploration_rate=0.05, exploration_max_loss=0.05)
     policy = AdaptivePolicy(settings, LearnedState(cost_model=compute_bound_cost_model()))
+    teach(policy, "seen", accepted=2, drafted=4, rounds=30)  # the draft model's acceptance is learned
     crowd = BatchView((view("rep", match=6), *(view(f"r{index}") for index in range(63))))
     probes = [d for _ in range(100) for d in policy.decide(crowd) if d.k > 0]
     assert probes and all(d.proposer == "ngram" for d in probes)  # a draft probe would cost a whole pass
