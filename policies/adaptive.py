@@ -67,7 +67,7 @@ class AdaptivePolicy(LearningPolicy):
         plan = plan_batch(candidates, coeffs, batch.num_prefill_tokens, self.settings.hysteresis)
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
-        plan = self.last_plan = self._explore(plan, candidates, coeffs, [view.temperature for view in requests])
+        plan = self.last_plan = self._explore(plan, candidates, coeffs, requests)
         return self._with_named_proposers(requests, [Decision(k, proposer) if k > 0 else PLAIN
                                                      for k, proposer in zip(plan.ks, plan.proposers, strict=True)])
 
@@ -119,7 +119,7 @@ class AdaptivePolicy(LearningPolicy):
         )
 
     def _explore(self, plan: BatchPlan, candidates: list[Candidate], coeffs: CostCoefficients,
-                 temperatures: list[float]) -> BatchPlan:
+                 requests: tuple[RequestView, ...]) -> BatchPlan:
         """Turn some k = 0 requests into short probes; the expected cost of probing stays within budget.
 
         Each of the n stuck requests probes with probability ``rate``, so a probe is taken only if its
@@ -149,17 +149,19 @@ class AdaptivePolicy(LearningPolicy):
                 ("ngram", candidate.alpha_ngram, candidate.max_k_ngram),
                 ("draft", candidate.alpha_draft, candidate.max_k_draft),
             )
-            options = [
-                (with_probe(plan, coeffs, index, alpha, min(k, cap), proposer, candidate.draft_catch_up),
-                 not self.acceptance.is_learned(proposer, temperatures[index]))
+            options = {
+                proposer: with_probe(plan, coeffs, index, alpha, min(k, cap), proposer, candidate.draft_catch_up)
                 for proposer, alpha, cap in choices
                 if cap > 0
-            ]
-            unlearned = [option for option, is_unlearned in options if is_unlearned]
-            if unlearned and not unlearned_probe:
-                plan, unlearned_probe = max(unlearned, key=lambda option: option.goodput), True
-                continue
-            probed = max((option for option, _ in options), key=lambda option: option.goodput)  # the cheaper way
+            }
+            if not unlearned_probe:
+                temperature = requests[index].temperature
+                unlearned = [option for proposer, option in options.items()
+                             if not self.acceptance.is_learned(proposer, temperature)]
+                if unlearned:
+                    plan, unlearned_probe = max(unlearned, key=lambda option: option.goodput), True
+                    continue
+            probed = max(options.values(), key=lambda option: option.goodput)  # the cheaper way to learn
             if probed.goodput >= (1.0 - allowed_loss) * plan.goodput:
                 plan = probed
         return plan
