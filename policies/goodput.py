@@ -132,6 +132,11 @@ def plan_batch(
     objective = _with_hysteresis(true, subset, bonus)
     aside_objective = sum(plain) - sum(plain[i] for i in active)
     choice: Choice = ([0] * len(subset), [False] * len(subset))
+    previous = _previous_choice(subset, objective)
+    if any(previous[0]):  # a better start than plain decode: most often the optimum already, confirmed by one solve
+        tokens, seconds = _evaluate(previous, objective, n, base_tokens, coeffs)
+        if (tokens + aside_objective) / seconds > lam:
+            lam, choice = (tokens + aside_objective) / seconds, previous
     for _ in range(MAX_DINKELBACH_ITERATIONS):
         candidate = _solve_for_price(lam, objective, coeffs)
         tokens, seconds = _evaluate(candidate, objective, n, base_tokens, coeffs)
@@ -218,6 +223,18 @@ def _with_hysteresis(true: _Tables, candidates: Sequence[Candidate], bonus: floa
         if k < len(table):
             table[k] *= bonus
     return tables
+
+
+def _previous_choice(candidates: Sequence[Candidate], tables: _Tables) -> Choice:
+    """Each request's previous (proposer, k), its k cut to the proposer's cap now, or plain decode where that
+    proposer is no option now: a feasible start for Dinkelbach's iterations."""
+    ks, uses_draft = [], []
+    for c, draft, ngram in zip(candidates, tables.draft, tables.ngram, strict=True):
+        proposer, k = c.previous or (DRAFT, 0)
+        k = min(k, len(draft if proposer == DRAFT else ngram) - 1)
+        ks.append(k)
+        uses_draft.append(k > 0 and proposer == DRAFT)
+    return ks, uses_draft
 
 
 def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> Choice:

@@ -267,17 +267,17 @@ class GoodputGuard:
         measured = {size: arm.seconds for size, arm in self._plain.items()
                     if arm.samples >= MIN_SAMPLES and batch_bucket(size) == bucket}
         estimate = self.plain_estimate
-        calibration = 1.0
-        if measured and estimate is not None:
-            predicted = sum(estimate(size) for size in measured)
-            calibration = sum(measured.values()) / predicted if predicted > 0 else 1.0
+        calibration: list[float] = []  # computed at the first unmeasured size: most often none is asked for
 
         def seconds(size: int) -> float | None:
             if size in measured:
                 return measured[size]
             predicted = estimate(size) if estimate is not None else 0.0
             if predicted > 0:
-                return predicted * calibration
+                if not calibration:
+                    modelled = sum(estimate(size) for size in measured) if estimate is not None else 0.0
+                    calibration.append(sum(measured.values()) / modelled if modelled > 0 else 1.0)
+                return predicted * calibration[0]
             if measured:  # no model at all: the nearest measured size's step time
                 return measured[min(measured, key=lambda other: abs(other - size))]
             return None
