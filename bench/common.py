@@ -41,7 +41,9 @@ def make_engine(dtype: str = "float32", device: str = "cpu", **overrides) -> LLM
     draft = overrides.pop("draft_model", DEFAULT_DRAFT)
     config = EngineConfig(model=str(overrides.pop("model", DEFAULT_TARGET)), draft_model=str(draft) if draft else None,
                           dtype=dtype, device=device, **overrides)
-    return LLMEngine(config)
+    engine = LLMEngine(config)
+    engine.warm_up()  # as the server does: first-touch step times must not train the policy
+    return engine
 
 
 def set_policy(engine: LLMEngine, **settings) -> None:

@@ -110,7 +110,6 @@ def main() -> None:
         raise SystemExit("--policies: name at least one fixed policy to compare the adaptive one with")
     if args.twin:
         policies[TWIN] = policies[TWIN_OF] = POLICIES[TWIN_OF]
-    run_engine(engine, [engine.tokenizer.encode("def f(x):")] * 2, SamplingParams(max_tokens=16))  # warm-up
     rows, summary = [], []
     for workload, texts in workloads.items():
         for temperature in (float(t) for t in args.temperatures.split(",")):

@@ -49,7 +49,9 @@ class AsyncEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig, model_name: str | None = None, progress=None) -> AsyncEngine:
-        return cls(LLMEngine(config, progress=progress), model_name)
+        engine = LLMEngine(config, progress=progress)
+        engine.warm_up()
+        return cls(engine, model_name)
 
     # ------------------------------------------------------------------ client side
 

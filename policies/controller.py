@@ -38,12 +38,21 @@ class PolicyController:
         self._lock = threading.Lock()
         self._settings = settings or PolicySettings()
         self._pending: PolicySettings | None = None
+        self._start_learning()
+
+    def _start_learning(self) -> None:
         self._learned = LearnedState(acceptance=AcceptanceEstimator(self._settings))
         self._policy = build_policy(self._settings, self._learned)
         self._num_steps = 0
         self._num_request_steps = 0
         self._k_counts = [0] * (K_LIMIT + 1)
         self._proposer_counts = {"draft": 0, "ngram": 0}
+
+    def forget_learned(self) -> None:
+        """Learn afresh: acceptance, step costs, the goodput guard and the operator counters all start over
+        (the engine calls it after its warm-up, whose first-touch step times would mislead the cost model)."""
+        with self._lock:
+            self._start_learning()
 
     @property
     def name(self) -> str:

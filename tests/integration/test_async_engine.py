@@ -301,3 +301,24 @@ async def test_a_failing_step_fails_its_requests_but_not_the_engine(aengine, eng
     assert_caches_empty(engine)
     outs = await collect(aengine, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     assert outs[-1].finished and outs[-1].finish_reason == "length"
+
+
+def test_warm_up_takes_each_kind_of_step_then_the_policy_forgets_them() -> None:
+    """First-touch step times must not train the cost model: the warm-up's steps are all forgotten."""
+    eng = LLMEngine(EngineConfig(model=str(TARGET), draft_model=str(DRAFT), device="cpu", dtype="float32",
+                                 max_seq_len=256, max_running=8, speculation="auto", k_max=6))
+    rounds: set[tuple[str, float]] = set()
+    observe = eng.policy.observe
+    eng.policy.observe = lambda outcome: (rounds.add((outcome.proposer, outcome.temperature)), observe(outcome))
+    eng.warm_up()
+    assert {("draft", 0.0), ("draft", 1.0)} <= rounds and any(proposer == "ngram" for proposer, _ in rounds)
+    stats = eng.policy.stats()
+    assert stats["num_steps"] == 0 and stats["cost_model"]["num_observations"] == 0
+    assert stats["acceptance"]["draft"]["num_rounds"] == 0
+    assert eng.policy.settings.mode == "auto" and eng.policy.settings.k_max == 6
+    assert eng.stats.num_steps == 0 and eng.stats.num_draft_tokens == 0
+    assert not eng.requests and not eng.has_work()
+    assert_caches_empty(eng)
+    eng.add_request("busy", eng.tokenizer.encode(PROMPT), SamplingParams(max_tokens=2))
+    with pytest.raises(RuntimeError, match="idle"):
+        eng.warm_up()

@@ -79,6 +79,20 @@ def test_learned_state_survives_any_settings_change() -> None:
     assert controller.stats()["num_tracked_requests"] == 0
 
 
+def test_forget_learned_starts_over_with_the_same_settings() -> None:
+    controller = PolicyController(PolicySettings(mode="auto", k_max=6))
+    controller.decide(BATCH)
+    for _ in range(10):
+        controller.observe(RoundOutcome("r0", "draft", 0.0, 4, 1))
+        controller.observe_step(StepTiming(4, 20, 0.02, 16, 0.004, 4, 4, step_seconds=0.03, num_generated=8))
+    controller.forget_learned()
+    stats = controller.stats()
+    assert stats["num_steps"] == 0 and stats["chosen_k"]["histogram"] == [0] * 7
+    assert stats["acceptance"]["draft"]["num_rounds"] == 0 and stats["num_tracked_requests"] == 0
+    assert stats["cost_model"]["num_observations"] == 0 and stats["goodput_guard"] == []
+    assert controller.settings == PolicySettings(mode="auto", k_max=6) and controller.name == "adaptive"
+
+
 def test_stats_are_json_and_count_decisions() -> None:
     controller = PolicyController(PolicySettings(mode="draft", k=3, k_max=4))
     controller.decide(BATCH)
