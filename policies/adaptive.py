@@ -8,7 +8,7 @@ k = 0; when the batch shrinks they pay again and speculation resumes, since alph
 A request's first draft (and its first after plain steps) makes the draft model catch up on what it has
 not seen; the plan charges that to the request, spread over the tokens it has left (``_catch_up_share``).
 
-Three corrections on top of the pure optimum:
+Four corrections on top of the pure optimum:
 - hysteresis: a request's previous (proposer, k) gets a bonus of ``hysteresis`` in the objective, so k
   does not flip every step on estimation noise;
 - exploration: a request at k = 0 learns nothing about its alpha; with probability
@@ -16,6 +16,11 @@ Three corrections on top of the pure optimum:
   such probes stays below ``exploration_max_loss`` of the predicted goodput (so no draft probes under
   heavy load, where each would add whole draft passes to a large batch), or, for one request per step,
   whatever it costs while that proposer's acceptance at the temperature is unlearned;
+- plan sampling: where the plan has come out all plain (probes included) ``PLAIN_STREAK`` times in a row at a
+  batch-size and temperature bucket, the steps there decode plainly unplanned, but for a fraction
+  ``REPLAN_RATE`` whose plan checks again (and exploration draws with it); a plan that speculates ends the
+  streak, and another load or temperature is planned at once. At 16-32 requests, where plain decode is
+  optimal, planning every step cost 0.6-1.5% of the run's time for nothing;
 - the goodput guard (policies/guard.py): where speculative steps (at this batch size and temperature)
   have not measurably emitted more tokens per second than plain steps, the step decodes plainly
   whatever the model predicts, or, where only the draft model's route lost, speculates with n-gram
@@ -26,14 +31,17 @@ from __future__ import annotations
 
 import random
 
+from policies.acceptance import temperature_bucket
 from policies.base import BatchView, Decision, ProposerName, RequestView
 from policies.cost_model import CostCoefficients
 from policies.fixed import PLAIN, fixed_decision
 from policies.goodput import BatchPlan, Candidate, plan_batch, with_probe
-from policies.guard import ALL_PROPOSERS
+from policies.guard import ALL_PROPOSERS, batch_bucket
 from policies.learning import LearnedState, LearningPolicy
 from policies.settings import PolicySettings
 
+PLAIN_STREAK = 16  # all-plain plans in a row at a batch-size and temperature bucket before plans are sampled
+REPLAN_RATE = 0.125  # then, the chance per step that the plan is made (and may resume speculation)
 NO_OPTIONS = Candidate(alpha_draft=0.0, max_k_draft=0, alpha_ngram=0.0, max_k_ngram=0)
 
 
@@ -44,6 +52,7 @@ class AdaptivePolicy(LearningPolicy):
         self._rng = random.Random(settings.seed if settings else 0)
         super().__init__(settings, learned)
         self._previous: dict[str, tuple[ProposerName, int]] = {}
+        self._plain_streak: dict[tuple[int, int], int] = {}  # (batch bucket, T bucket) -> all-plain plans in a row
         self.last_plan: BatchPlan | None = None  # for stats and tests: the last plan, probes included
 
     def decide(self, batch: BatchView) -> list[Decision]:
@@ -59,7 +68,9 @@ class AdaptivePolicy(LearningPolicy):
         # this step's decodes: while a batch ramps up, prefill steps (which it never measures) would
         # otherwise speculate with the verdict of a batch size the steady batch does not have.
         allowed = self._allowed_proposers(batch.load, measured=batch.num_prefilling == 0)
-        if not allowed:
+        regime = (batch_bucket(batch.load), temperature_bucket(self.batch_temperature))
+        streak = self._plain_streak.get(regime, 0)
+        if not allowed or (streak >= PLAIN_STREAK and self._rng.random() >= REPLAN_RATE):
             self.last_plan = None
             return self._with_named_proposers(requests, [PLAIN] * len(requests))
         candidates = [self._candidate(view, allowed) for view in requests]
@@ -68,6 +79,7 @@ class AdaptivePolicy(LearningPolicy):
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
         plan = self.last_plan = self._explore(plan, candidates, coeffs, requests)
+        self._plain_streak[regime] = 0 if any(plan.ks) else streak + 1
         return self._with_named_proposers(requests, [Decision(k, proposer) if k > 0 else PLAIN
                                                      for k, proposer in zip(plan.ks, plan.proposers, strict=True)])
 

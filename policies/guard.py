@@ -143,7 +143,7 @@ class GoodputGuard:
         """``plain_estimate``: a plain-decode step's seconds per batch size as the cost model predicts them, the
         stand-in for batch sizes whose plain steps are not measured yet (`LearnedState` wires in its cost model)."""
         self.plain_estimate = plain_estimate
-        self._plain: dict[int, _Arm] = {}  # per batch size
+        self._plain: dict[int, dict[int, _Arm]] = {}  # per batch-size bucket, per batch size
         self._speculative: dict[tuple[int, int, str], _Arm] = {}  # (batch bucket, T bucket, route)
         self._burst_left: dict[tuple[int, int, str], int] = {}  # steps left of a speculative probe burst
         self._probes: dict[tuple[int, int, str], _Arm] = {}  # the speculative steps of a probe, measured afresh
@@ -157,7 +157,8 @@ class GoodputGuard:
             return
         sample = (timing.num_generated, timing.step_seconds, timing.batch_size)
         if timing.num_tokens <= timing.batch_size:
-            self._plain.setdefault(timing.batch_size, _Arm()).add(*sample)
+            sizes = self._plain.setdefault(batch_bucket(timing.batch_size), {})
+            sizes.setdefault(timing.batch_size, _Arm()).add(*sample)
             return
         route = "draft" if timing.num_draft_tokens > 0 else "ngram"
         key = (batch_bucket(timing.batch_size), temperature_bucket(temperature), route)
@@ -264,8 +265,8 @@ class GoodputGuard:
     def _plain_seconds(self, bucket: int) -> tuple[Callable[[int], float | None], bool]:
         """(batch size -> a plain step's seconds, whether any size of the bucket is measured). A size's time: as
         measured; else the cost model's times the model's error at the bucket's measured sizes; else None."""
-        measured = {size: arm.seconds for size, arm in self._plain.items()
-                    if arm.samples >= MIN_SAMPLES and batch_bucket(size) == bucket}
+        arms = self._plain.get(bucket, {})
+        measured = {size: arm.seconds for size, arm in arms.items() if arm.samples >= MIN_SAMPLES}
         estimate = self.plain_estimate
         calibration: list[float] = []  # computed at the first unmeasured size: most often none is asked for
 
@@ -298,9 +299,9 @@ class GoodputGuard:
         """Per batch-size bucket: the sizes it covers, plain tokens/s (over all its plain steps), and speculative
         tokens/s by route and temperature, each with ``vs_plain``: its rate over plain decode's at its batch sizes."""
         out = []
-        for bucket in sorted({batch_bucket(size) for size in self._plain} | {b for b, _, _ in self._speculative}):
+        for bucket in sorted(set(self._plain) | {b for b, _, _ in self._speculative}):
             low, high = (1, 1) if bucket == 0 else (2 ** (bucket - 1) + 1, 2**bucket)
-            plain = [arm for size, arm in self._plain.items() if batch_bucket(size) == bucket]
+            plain = list(self._plain.get(bucket, {}).values())
             speculative: dict[str, dict[str, Any]] = {}
             for (b, t, route), arm in sorted(self._speculative.items()):
                 if b == bucket:

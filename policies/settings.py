@@ -37,7 +37,7 @@ class PolicySettings:
     prior_alpha_ngram: float = 0.5  # same for the n-gram proposer, (0, 1)
     alpha_floor: float = 0.05  # lowest acceptance estimate used, [0, 0.9]
     warmup_rounds: int = 3  # a request's own estimate is blended with the global prior for this many rounds
-    exploration_rate: float = 0.02  # chance per step that a request at k = 0 probes k = 1..2, [0, 1]
+    exploration_rate: float = 0.02  # chance per planned step that a request at k = 0 probes k = 1..2, [0, 1]
     exploration_max_loss: float = 0.005  # expected goodput fraction that probing may cost, [0, 1]
     hysteresis: float = 0.03  # relative gain a new choice needs over the previous one, [0, 1]
     max_batch_for_speculation: int | None = None  # above this many running requests: plain decode; None = no cap

@@ -67,6 +67,19 @@ def test_very_high_load_gives_plain_decode_and_low_load_speculates_again() -> No
     assert policy.decide(alone)[0].k > 0
 
 
+def test_a_long_plain_streak_is_planned_only_now_and_then_and_a_lighter_load_at_once() -> None:
+    policy = AdaptivePolicy(quiet(), LearnedState(cost_model=compute_bound_cost_model()))
+    for index in range(64):
+        teach(policy, f"r{index}", accepted=2, drafted=4, rounds=5)
+    crowd = BatchView(tuple(view(f"r{index}") for index in range(64)))
+    planned = 0
+    for _ in range(16 + 400):
+        assert {d.k for d in policy.decide(crowd)} == {0}
+        planned += policy.last_plan is not None
+    assert 16 + 25 < planned < 16 + 80  # 1 in 8 of the 400 steps after the streak
+    assert policy.decide(BatchView((view("r0"),)))[0].k > 0
+
+
 def test_high_temperature_lowers_k_at_the_same_history() -> None:
     policy = AdaptivePolicy(quiet())
     for index in range(40):  # the population: cold requests accept well, hot ones poorly
