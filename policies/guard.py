@@ -276,7 +276,7 @@ class GoodputGuard:
             predicted = estimate(size) if estimate is not None else 0.0
             if predicted > 0:
                 if not calibration:
-                    modelled = sum(estimate(size) for size in measured) if estimate is not None else 0.0
+                    modelled = sum(estimate(other) for other in measured) if estimate is not None else 0.0
                     calibration.append(sum(measured.values()) / modelled if modelled > 0 else 1.0)
                 return predicted * calibration[0]
             if measured:  # no model at all: the nearest measured size's step time
