@@ -94,8 +94,8 @@ class LLMEngine:
         A new process pays for first touches (allocator growth, lazy initialisation) in its first steps, and
         learned from, they fitted a draft model far dearer than it is (3.5 ms a pass instead of ~1, plus
         3-4.6 ms per verifying step instead of 0): of 3 new engines warmed up without forgetting, then serving
-        4 clients of prose at T = 1, all 3 decoded plainly for a whole run (400 steps), as did 2 of 3 warmed
-        up by two plain requests; with the warm-up forgotten, none of 10 did (one started drafting late).
+        4 clients of prose at T = 1, all 3 decoded plainly for a whole run (400 steps), as did 4 of 10 warmed
+        up by two short greedy requests; with the warm-up forgotten, none of 10 did (one started drafting late).
         Call it before serving, with no request running.
         """
         if self.requests:
