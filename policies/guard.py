@@ -268,17 +268,18 @@ class GoodputGuard:
         arms = self._plain.get(bucket, {})
         measured = {size: arm.seconds for size, arm in arms.items() if arm.samples >= MIN_SAMPLES}
         estimate = self.plain_estimate
-        calibration: list[float] = []  # computed at the first unmeasured size: most often none is asked for
+        calibration: float | None = None  # computed at the first unmeasured size: most often none is asked for
 
         def seconds(size: int) -> float | None:
+            nonlocal calibration
             if size in measured:
                 return measured[size]
             predicted = estimate(size) if estimate is not None else 0.0
             if predicted > 0:
-                if not calibration:
-                    modelled = sum(estimate(other) for other in measured) if estimate is not None else 0.0
-                    calibration.append(sum(measured.values()) / modelled if modelled > 0 else 1.0)
-                return predicted * calibration[0]
+                if calibration is None:
+                    modelled = sum(estimate(other) for other in measured)  # predicted > 0: estimate is set
+                    calibration = sum(measured.values()) / modelled if modelled > 0 else 1.0
+                return predicted * calibration
             if measured:  # no model at all: the nearest measured size's step time
                 return measured[min(measured, key=lambda other: abs(other - size))]
             return None
