@@ -60,38 +60,92 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingPara
     each finished request is replaced by the next prompt in the same step, as by ``max_in_flight`` clients
     that each send their next request when the last one completes (vLLM's ``--max-concurrency``).
     """
-    limit = len(prompts) if max_in_flight is None else max(1, max_in_flight)
-    queue = list(enumerate(prompts))
-    tag = time.monotonic_ns()
+    return run_engines_lockstep({"": engine}, prompts, params, max_in_flight)[""]
 
-    def submit(count: int) -> None:
-        for _ in range(min(count, len(queue))):
-            i, ids = queue.pop(0)
-            engine.add_request(f"bench-{tag}-{i}", ids, params[i] if isinstance(params, list) else params)
 
-    start = time.perf_counter()
-    submit(limit)
-    num_tokens = drafted = accepted = 0
-    texts: dict[str, str] = {}
-    first: dict[str, float] = {}
-    tpots = []
-    while engine.has_work():
-        outputs = engine.step()
-        now = time.perf_counter()
+def run_engines_lockstep(engines: dict[str, LLMEngine], prompts: list[list[int]],
+                         params: SamplingParams | list[SamplingParams],
+                         max_in_flight: int | None = None) -> dict[str, RunResult]:
+    """Serve the same traffic (as ``run_engine``) on every engine at once, stepping in turn the one furthest
+    behind (by the share of its tokens served), and time each engine by its own steps alone: the seconds a run
+    takes are the sum of its engine's step times.
+
+    Why: a shared VM's speed drifts by 10-30% over seconds (a 512 x 512 matmul probe: 159-220 ms within a
+    minute), so two identical runs of ~5 s, one after the other, read up to 14% apart. Steps of ~20 ms taken
+    in turn see the same spells, and kept level by progress the engines all finish together, so a slower
+    policy's last steps do not run alone in a later spell: the engines' ratios keep what differs between them.
+    """
+    clients = {name: _Clients(engine, prompts, params, max_in_flight) for name, engine in engines.items()}
+    busy = list(clients.values())
+    while busy:
+        behind = min(busy, key=lambda c: c.num_emitted / c.num_planned)
+        if not behind.step():
+            busy.remove(behind)
+    return {name: c.result() for name, c in clients.items()}
+
+
+class _Clients:
+    """``max_in_flight`` clients driving one engine, on a clock that runs only while it is this engine's turn."""
+
+    def __init__(self, engine: LLMEngine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+                 max_in_flight: int | None) -> None:
+        self.engine, self.params = engine, params
+        self.queue = list(enumerate(prompts))
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        self.num_planned = max(1, sum(p.max_tokens for p in per_prompt))  # an upper bound: a request may stop early
+        self.num_emitted = 0
+        self.tag = time.monotonic_ns()
+        self.seconds = 0.0
+        self.num_tokens = self.drafted = self.accepted = 0
+        self.texts: dict[str, str] = {}
+        self.first: dict[str, float] = {}
+        self.tpots: list[float] = []
+        self._cuda = engine.runner.cache.layers[0][0].is_cuda
+        self._turn_start = 0.0
+        self._timed(lambda: self._submit(len(prompts) if max_in_flight is None else max(1, max_in_flight)))
+
+    def _timed(self, work) -> None:
+        self._turn_start = time.perf_counter()
+        work()
+        if self._cuda:
+            torch.cuda.synchronize()
+        self.seconds = self._clock()
+
+    def _clock(self) -> float:
+        """Seconds this engine has run: its past turns and the current one."""
+        return self.seconds + time.perf_counter() - self._turn_start
+
+    def _submit(self, count: int) -> None:
+        for _ in range(min(count, len(self.queue))):
+            i, ids = self.queue.pop(0)
+            params = self.params[i] if isinstance(self.params, list) else self.params
+            self.engine.add_request(f"bench-{self.tag}-{i}", ids, params)
+
+    def step(self) -> bool:
+        """One engine step and the clients' response to it; False once every prompt is served."""
+        if not self.engine.has_work():
+            return False
+        self._timed(self._step)
+        return True
+
+    def _step(self) -> None:
+        outputs = self.engine.step()
+        now = self._clock()
         for out in outputs:
-            first.setdefault(out.request_id, now)
-            texts[out.request_id] = texts.get(out.request_id, "") + out.new_text
+            self.num_emitted += len(out.new_token_ids)
+            self.first.setdefault(out.request_id, now)
+            self.texts[out.request_id] = self.texts.get(out.request_id, "") + out.new_text
             if out.finished:
-                num_tokens += out.num_output_tokens
-                drafted += out.spec.num_draft_tokens
-                accepted += out.spec.num_accepted_tokens
+                self.num_tokens += out.num_output_tokens
+                self.drafted += out.spec.num_draft_tokens
+                self.accepted += out.spec.num_accepted_tokens
                 if out.num_output_tokens > 1:
-                    tpots.append((now - first[out.request_id]) / (out.num_output_tokens - 1))
-        submit(sum(out.finished for out in outputs))
-    if engine.runner.cache.layers[0][0].is_cuda:
-        torch.cuda.synchronize()
-    return RunResult(time.perf_counter() - start, num_tokens, drafted, accepted, list(texts.values()),
-                     statistics.mean(tpots) if tpots else 0.0)
+                    self.tpots.append((now - self.first[out.request_id]) / (out.num_output_tokens - 1))
+        self._submit(sum(out.finished for out in outputs))
+
+    def result(self) -> RunResult:
+        return RunResult(self.seconds, self.num_tokens, self.drafted, self.accepted, list(self.texts.values()),
+                         statistics.mean(self.tpots) if self.tpots else 0.0)
 
 
 def median_rate(results: list[RunResult]) -> float:

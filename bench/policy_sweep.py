@@ -24,13 +24,20 @@ every wave of requests in the same step while speculation, which advances reques
 amounts, would end each run draining through small batches: a lockstep no server's traffic has.
 ``--length-spread 0`` restores equal lengths.
 
-Runs are interleaved in rounds (every policy once per round, so a slow spell of the shared machine hits
-them all), and the ratios are the median over rounds of each round's own ratio: paired, they cancel
-most of the drift between rounds that the ratio of two medians would keep.
+Each policy runs on its own engine, and the engines serve a round's traffic in lockstep
+(``bench.common.run_engines_lockstep``): one step at a time, always of the engine furthest behind, each
+engine timed by its own steps alone. The ratios are the median over rounds of each round's own ratio.
+Why lockstep: a shared VM's speed drifts by 10-30% within a minute, and runs of ~5 s taken one after the
+other paired badly: the ratio of two identical ``off`` runs at 32 clients strayed by 7-14% (standard
+deviation), fixed draft k = 2 against ``off`` read 0.76-0.86x. Stepped in turn, the two ``off`` engines read
+0.993-1.003x each other, and draft k = 2 against ``off`` 0.795-0.815x, at the median of sequential runs
+(0.78-0.80x over three sets of four: no bias for or against speculation). Each engine learns from its own
+traffic alone, as a server running that policy would.
 
 Timing noise: on a shared 2-vCPU VM, torch's two threads made the same run vary by 20-35%, and the two
-vCPUs are not alike (a 512 x 512 matmul: 3.0 ms +-3% on one, 2.2-3.6 ms on the other). So the sweep uses
-one thread by default (``--threads``); pin it to the steadier CPU, e.g. ``taskset -c 0``.
+vCPUs are not alike (a 512 x 512 matmul: 3.0 ms +-3% on one, 2.2-3.6 ms on the other; fixed n-gram k = 4
+read 0.99x ``off`` on one vCPU and 0.95x on the other in the same hour). So the sweep uses one thread by
+default (``--threads``); pin it to one CPU, e.g. ``taskset -c 0``, and compare cells run on the same one.
 
 ``--twin`` adds a noise control: a second copy of ``draft k=2``, judged like the adaptive policy (vs the
 best fixed policy, the copy itself left out of that choice) and against its original. Two identical
@@ -40,8 +47,8 @@ medians is biased upwards.
 
 Each cell first runs every policy ``--warmup`` times untimed, as any benchmark warms up. For the
 adaptive policy this also stands for the traffic a long-running server has already served: it
-has seen the cell's batch size and temperature before. Its cold runs are kept in the JSON
-(``warmup_tok_s``), so the cost of first contact stays visible.
+has seen the cell's batch size and temperature before (and the cells before it). Its cold runs are kept
+in the JSON (``warmup_tok_s``), so the cost of first contact stays visible.
 """
 
 from __future__ import annotations
@@ -52,12 +59,11 @@ import statistics
 
 import torch
 
-from bench.common import RESULTS, RunResult, make_engine, run_engine, save, set_policy, table
+from bench.common import RESULTS, RunResult, make_engine, run_engines_lockstep, save, set_policy, table
 from bench.prompts import PROSE, code_prompts
+from engine.engine import LLMEngine
 from engine.types import SamplingParams
 
-# adaptive runs first in each round, so its first contact with a cell (the warm-up) is its own: the fixed
-# policies' runs of the cell, which feed the shared acceptance and step-cost estimates, come after it
 POLICIES = {
     "adaptive": {"mode": "auto"},
     "off": {"mode": "off"},
@@ -93,7 +99,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    engine = make_engine(args.dtype, args.device, max_seq_len=1024, max_running=64, max_num_batched_tokens=2048)
     levels = [int(c) for c in args.concurrency.split(",")]
     num_texts = max(args.min_requests, args.requests_per_client * max(levels))
     code, prose = code_prompts(num_texts, max_chars=500), PROSE
@@ -110,6 +115,8 @@ def main() -> None:
         raise SystemExit("--policies: name at least one fixed policy to compare the adaptive one with")
     if args.twin:
         policies[TWIN] = policies[TWIN_OF] = POLICIES[TWIN_OF]
+    engines = make_engines(policies, args.dtype, args.device)
+    tokenizer = next(iter(engines.values())).tokenizer
     rows, summary = [], []
     for workload, texts in workloads.items():
         for temperature in (float(t) for t in args.temperatures.split(",")):
@@ -118,7 +125,7 @@ def main() -> None:
                 # throughput mostly the luck of that sample's acceptance, and with 8 of them two identical
                 # policies (the twin) still read 0.93-1.12x each other at 1-2 clients, T > 0
                 num_requests = max(args.min_requests, args.requests_per_client * n)
-                prompts = [engine.tokenizer.encode(texts[i % len(texts)]) for i in range(num_requests)]
+                prompts = [tokenizer.encode(texts[i % len(texts)]) for i in range(num_requests)]
                 # no seed: a seeded sampling request drafts a fixed k under `auto` (reproducibility), so seeds
                 # would turn the adaptive policy into fixed k = 4 at T > 0
                 params = [SamplingParams(max_tokens=length, temperature=temperature, ignore_eos=True)
@@ -127,12 +134,12 @@ def main() -> None:
                 runs: dict[str, list[RunResult]] = {name: [] for name in policies}
                 chosen_k: dict[str, list[list[int]]] = {name: [] for name in policies}
                 for _ in range(args.warmup + args.repeats):
-                    for name, settings in policies.items():
-                        set_policy(engine, **{"k": 4, **settings})
-                        before = engine.policy.stats()["chosen_k"]["histogram"]
-                        runs[name].append(run_engine(engine, prompts, params, max_in_flight=n))
+                    before = {name: engine.policy.stats()["chosen_k"]["histogram"] for name, engine in engines.items()}
+                    results = run_engines_lockstep(engines, prompts, params, max_in_flight=n)
+                    for name, engine in engines.items():
+                        runs[name].append(results[name])
                         after = engine.policy.stats()["chosen_k"]["histogram"]
-                        chosen_k[name].append([count - (before[k] if k < len(before) else 0)
+                        chosen_k[name].append([count - (before[name][k] if k < len(before[name]) else 0)
                                                for k, count in enumerate(after)])
                 warmups = {name: rs[: args.warmup] for name, rs in runs.items()}
                 runs = {name: rs[args.warmup:] for name, rs in runs.items()}
@@ -174,6 +181,15 @@ def main() -> None:
     path = save(args.output, {"args": vars(args), "rows": rows, "summary": summary})
     plot(rows, args.output)
     print(f"saved {path}")
+
+
+def make_engines(policies: dict[str, dict], dtype: str, device: str) -> dict[str, LLMEngine]:
+    """One engine per policy: each learns from its own traffic alone, as a server running that policy would."""
+    engines = {name: make_engine(dtype, device, max_seq_len=1024, max_running=64, max_num_batched_tokens=2048)
+               for name in policies}
+    for name, settings in policies.items():
+        set_policy(engines[name], **{"k": 4, **settings})
+    return engines
 
 
 def output_lengths(num_requests: int, mean: int, spread: float) -> list[int]:
