@@ -21,7 +21,7 @@ identical policies (``--twin``) reading < 0.95x each other's "best fixed" in a t
 Output lengths vary as in real traffic: request i asks for a max_tokens drawn (the same for every policy)
 from ``--new-tokens`` x [1 - spread, 1 + spread]. With one length for all, plain decode would finish
 every wave of requests in the same step while speculation, which advances requests by different
-amounts, would end each run draining through small batches: a lockstep no server's traffic has.
+amounts, would end each run draining through small batches: a synchrony no server's traffic has.
 ``--length-spread 0`` restores equal lengths.
 
 Each policy runs on its own engine, and the engines serve a round's traffic in lockstep
@@ -31,8 +31,10 @@ Why lockstep: a shared VM's speed drifts by 10-30% within a minute, and runs of 
 other paired badly: the ratio of two identical ``off`` runs at 32 clients strayed by 7-14% (standard
 deviation), fixed draft k = 2 against ``off`` read 0.76-0.86x. Stepped in turn, the two ``off`` engines read
 0.993-1.003x each other, and draft k = 2 against ``off`` 0.795-0.815x, at the median of sequential runs
-(0.78-0.80x over three sets of four: no bias for or against speculation). Each engine learns from its own
-traffic alone, as a server running that policy would.
+(0.78-0.80x over three sets of four). At 1 client, where plain decode is bound by reading the weights, one
+engine per policy (seven sets of weights) did not slow it either: ``off`` ran 130-136 tok/s alone and in
+lockstep, and draft k = 4 read 1.72-1.77x it in lockstep against 1.76-1.81x in sequential runs. Each engine
+learns from its own traffic alone, as a server running that policy would.
 
 Timing noise: on a shared 2-vCPU VM, torch's two threads made the same run vary by 20-35%, and the two
 vCPUs are not alike (a 512 x 512 matmul: 3.0 ms +-3% on one, 2.2-3.6 ms on the other; fixed n-gram k = 4
