@@ -71,7 +71,8 @@ def run_engines_lockstep(engines: dict[str, LLMEngine], prompts: list[list[int]]
     takes are the sum of its engine's step times.
 
     Why: a shared VM's speed drifts by 10-30% over seconds (a 512 x 512 matmul probe: 159-220 ms within a
-    minute), so two identical runs of ~5 s, one after the other, read up to 14% apart. Steps of ~20 ms taken
+    minute), so the ratio of two identical runs of ~5 s, one after the other, strayed by 7-14% (standard
+    deviation); stepped in turn, by 0.3%. Steps of ~20 ms taken
     in turn see the same spells, and kept level by progress the engines all finish together, so a slower
     policy's last steps do not run alone in a later spell: the engines' ratios keep what differs between them.
     """
