@@ -70,11 +70,10 @@ def run_engines_lockstep(engines: dict[str, LLMEngine], prompts: list[list[int]]
     behind (by the share of its tokens served), and time each engine by its own steps alone: the seconds a run
     takes are the sum of its engine's step times.
 
-    Why: a shared VM's speed drifts by 10-30% over seconds (a 512 x 512 matmul probe: 159-220 ms within a
-    minute), so the ratio of two identical runs of ~5 s, one after the other, strayed by 7-14% (standard
-    deviation); stepped in turn, by 0.3%. Steps of ~20 ms taken
-    in turn see the same spells, and kept level by progress the engines all finish together, so a slower
-    policy's last steps do not run alone in a later spell: the engines' ratios keep what differs between them.
+    Why: a shared VM's speed drifts by 10-30% within a minute, so two identical runs taken one after the other
+    paired badly (their ratio strayed by 7-14%; in turn, by 0.3%: see bench/policy_sweep.py). Steps of ~20 ms
+    taken in turn see the same spells, and kept level by progress the engines all finish together, so a slower
+    policy's last steps do not run alone in a later spell.
     """
     clients = {name: _Clients(engine, prompts, params, max_in_flight) for name, engine in engines.items()}
     busy = list(clients.values())
@@ -90,10 +89,10 @@ class _Clients:
 
     def __init__(self, engine: LLMEngine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                  max_in_flight: int | None) -> None:
-        self.engine, self.params = engine, params
+        self.engine = engine
+        self.params = params if isinstance(params, list) else [params] * len(prompts)
         self.queue = list(enumerate(prompts))
-        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
-        self.num_planned = max(1, sum(p.max_tokens for p in per_prompt))  # an upper bound: a request may stop early
+        self.num_planned = max(1, sum(p.max_tokens for p in self.params))  # an upper bound: a request may stop early
         self.num_emitted = 0
         self.tag = time.monotonic_ns()
         self.seconds = 0.0
@@ -119,8 +118,7 @@ class _Clients:
     def _submit(self, count: int) -> None:
         for _ in range(min(count, len(self.queue))):
             i, ids = self.queue.pop(0)
-            params = self.params[i] if isinstance(self.params, list) else self.params
-            self.engine.add_request(f"bench-{self.tag}-{i}", ids, params)
+            self.engine.add_request(f"bench-{self.tag}-{i}", ids, self.params[i])
 
     def step(self) -> bool:
         """One engine step and the clients' response to it; False once every prompt is served."""
