@@ -70,7 +70,8 @@ class AdaptivePolicy(LearningPolicy):
         allowed = self._allowed_proposers(batch.load, measured=batch.num_prefilling == 0)
         regime = (batch_bucket(batch.load), temperature_bucket(self.batch_temperature))
         streak = self._plain_streak.get(regime, 0)
-        if not allowed or (streak >= PLAIN_STREAK and self._rng.random() >= REPLAN_RATE):
+        sampled = streak >= PLAIN_STREAK and not self.guard.probing(batch.load, self.batch_temperature)
+        if not allowed or (sampled and self._rng.random() >= REPLAN_RATE):
             self.last_plan = None
             return self._with_named_proposers(requests, [PLAIN] * len(requests))
         candidates = [self._candidate(view, allowed) for view in requests]

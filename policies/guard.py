@@ -93,7 +93,8 @@ MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate i
 EWMA_WEIGHT = 0.05  # weight of the newest step's tokens and seconds: about the last 20 steps count
 REQUIRED_GAIN = 0.05  # speculation must beat plain decode by this much: near break-even, plain cannot lose
 MAX_PROBE_BOOST = 4.0  # rejected speculation close to its bar is probed at up to this many times probe_rate
-PROBE_BURST = 12  # a probe of rejected speculation lasts this many steps (the first pays the draft's catch-up)
+PROBE_BURST = 12  # a probe of rejected speculation measures this many speculative steps
+PROBE_LIMIT = 3 * PROBE_BURST  # steps a probe burst may last while the plan decodes plainly in some of them
 MIN_SPECULATIVE_SAMPLES = PROBE_BURST  # speculative steps before their rate counts: the first may be a catch-up
 SURE_SAMPLES = 2 * MIN_SPECULATIVE_SAMPLES  # speculative steps before a near miss of the bar rejects speculation
 NEAR_MISS = 1.0 - 2 * REQUIRED_GAIN  # speculation at or above this ratio to plain decode only just missed its bar
@@ -119,6 +120,8 @@ class _Arm:
     samples: int = 0
     sizes: dict[int, float] = field(default_factory=dict)  # batch size -> its weight in the averages
     plain_reference: float = 0.0  # speculative arms: plain decode's tokens/s at their sizes when last sampled
+    confirmed: bool = False  # speculative arms: a probe measured this figure, and it has not won since
+    catching_up: bool = False  # draft-route probes: the first speculative step (the draft's catch-up) is still due
 
     def add(self, tokens: int, seconds: float, batch_size: int) -> None:
         w = max(EWMA_WEIGHT, 1.0 / (self.samples + 1))  # a plain mean until the EWMA's horizon is filled
@@ -163,11 +166,16 @@ class GoodputGuard:
         route = "draft" if timing.num_draft_tokens > 0 else "ngram"
         key = (batch_bucket(timing.batch_size), temperature_bucket(temperature), route)
         probe = self._probes.get(key)
+        if probe is not None and probe.catching_up and route == "draft":
+            probe.catching_up = False  # what the draft model missed while speculation was rejected: sunk
+            return
         arm = probe if probe is not None else self._speculative.setdefault(key, _Arm())
         arm.add(*sample)
         arm.plain_reference = self._plain_rate(key[0], arm.sizes)[0] or 0.0
         if probe is not None and probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
             self._speculative[key] = self._probes.pop(key)
+            self._burst_left[key] = 0
+            probe.confirmed = True
 
     def allowed_proposers(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float,
                           measured: bool = True) -> frozenset[str]:
@@ -194,6 +202,11 @@ class GoodputGuard:
         ngram, _ = self._route_decision((*key, "ngram"), rng, probe_rate, measured)
         return NGRAM_ONLY if ngram == "speculate" else NO_PROPOSERS
 
+    def probing(self, batch_size: int, temperature: float) -> bool:
+        """Whether a probe burst of rejected speculation is under way at this batch size and temperature."""
+        key = (batch_bucket(batch_size), temperature_bucket(temperature))
+        return any(self._burst_left.get((*key, route), 0) > 0 for route in PROPOSERS)
+
     def _route_decision(self, key: tuple[int, int, str], rng: random.Random, probe_rate: float,
                         measured: bool) -> tuple[str, str | None]:
         """(speculate | plain (a deliberate plain step: it measures the plain arm) | rejected (try a cheaper
@@ -207,19 +220,24 @@ class GoodputGuard:
             return "speculate", verdict
         if verdict == "measure plain":
             return ("plain" if rng.random() < MEASURE_PLAIN_RATE else "speculate"), verdict
-        if verdict is not None:  # the closer the verdict, the more often the other arm is measured
+        if verdict == "decode plainly" and not self._speculative[key].confirmed:
+            probe_rate *= MAX_PROBE_BOOST  # sustained speculation lost: a probe checks it soon
+        elif verdict is not None:  # the closer the verdict, the more often the other arm is measured
             probe_rate *= _probe_scale(vs_plain)
         if verdict == "speculate":
+            self._speculative[key].confirmed = False  # should it lose from here on, a probe checks that soon
             return ("plain" if rng.random() < probe_rate else "speculate"), verdict  # single steps, no switching cost
         # speculation lost here, or is untried here and lost at a smaller batch: probe it in bursts
         left = self._burst_left.get(key, 0)
         if left == 0 and (verdict == "remeasure" or rng.random() < probe_rate / PROBE_BURST):
-            left = PROBE_BURST
-            self._probes[key] = _Arm()
+            left = PROBE_LIMIT
+            self._probes[key] = _Arm(catching_up=key[2] == "draft")
             if verdict == "remeasure" and vs_plain:  # one burst per change of pace, whatever it measures
                 spec = self._speculative[key]
                 spec.plain_reference = spec.rate / vs_plain
         self._burst_left[key] = max(0, left - 1)
+        if left == 1:  # the burst ends before its probe measured enough (the plan decoded plainly): drop the probe
+            self._probes.pop(key, None)
         return ("speculate" if left > 0 else "rejected"), verdict
 
     def _judge(self, bucket: int, temperature_key: int, route: str) -> tuple[str | None, float | None]:

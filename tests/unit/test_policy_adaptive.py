@@ -80,6 +80,23 @@ def test_a_long_plain_streak_is_planned_only_now_and_then_and_a_lighter_load_at_
     assert policy.decide(BatchView((view("r0"),)))[0].k > 0
 
 
+def test_every_step_of_a_probe_burst_is_planned() -> None:
+    """A probe of rejected speculation measures what the plan does with it: plain steps that plan sampling
+    skipped the plan for would leave the probe without speculative steps."""
+    policy = AdaptivePolicy(quiet(guard_probe_rate=1.0), LearnedState(cost_model=compute_bound_cost_model()))
+    crowd = BatchView(tuple(view(f"r{index}") for index in range(64)))
+    for _ in range(16):
+        policy.decide(crowd)  # all plain: plans are sampled from now on
+    for _ in range(24):  # speculation measured slower than plain decode at 64 requests: rejected, and probed
+        policy.observe_step(StepTiming(64, 64, 0.01, step_seconds=0.01, num_generated=64))
+        policy.observe_step(StepTiming(64, 128, 0.02, 64, 0.004, 64, 1, step_seconds=0.024, num_generated=80))
+    while not policy.guard.probing(64, 0.0):
+        assert {d.k for d in policy.decide(crowd)} == {0}
+    for _ in range(10):
+        policy.decide(crowd)
+        assert policy.last_plan is not None
+
+
 def test_high_temperature_lowers_k_at_the_same_history() -> None:
     policy = AdaptivePolicy(quiet())
     for index in range(40):  # the population: cold requests accept well, hot ones poorly
