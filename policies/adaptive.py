@@ -42,6 +42,7 @@ from policies.settings import PolicySettings
 
 PLAIN_STREAK = 16  # all-plain plans in a row at a batch-size and temperature bucket before plans are sampled
 REPLAN_RATE = 0.125  # then, the chance per step that the plan is made (and may resume speculation)
+NEAR_TIE = 0.9  # speculation the model predicts at this share of plain decode's goodput or more is measured
 NO_OPTIONS = Candidate(alpha_draft=0.0, max_k_draft=0, alpha_ngram=0.0, max_k_ngram=0)
 
 
@@ -77,6 +78,8 @@ class AdaptivePolicy(LearningPolicy):
         candidates = [self._candidate(view, allowed) for view in requests]
         coeffs = self.cost_model.coefficients()
         plan = plan_batch(candidates, coeffs, batch.num_prefill_tokens, self.settings.hysteresis)
+        if not any(plan.ks) and batch.num_prefilling == 0 and self.settings.goodput_guard:
+            plan = self._measured_speculation(batch.load, candidates, coeffs, plan)
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
         plan = self.last_plan = self._explore(plan, candidates, coeffs, requests)
@@ -100,6 +103,19 @@ class AdaptivePolicy(LearningPolicy):
             return ALL_PROPOSERS
         return self.guard.allowed_proposers(batch_size, self.batch_temperature, self._rng,
                                             settings.guard_probe_rate, measured)
+
+    def _measured_speculation(self, load: int, candidates: list[Candidate], coeffs: CostCoefficients,
+                              plain: BatchPlan) -> BatchPlan:
+        """The model's all-plain plan, or its best speculative one where the guard's measurements call for it:
+        where speculation measurably won here (the model erred), or where the guard is measuring it and the
+        model predicts it within ``NEAR_TIE`` of plain decode (too close for the model to call)."""
+        evidence = self.guard.speculation_evidence(load, self.batch_temperature)
+        if evidence is None:
+            return plain
+        speculative = plan_batch(candidates, coeffs, 0, self.settings.hysteresis, speculate=True)
+        if evidence == "wins" or speculative.goodput >= NEAR_TIE * plain.goodput:
+            return speculative
+        return plain
 
     def _with_named_proposers(self, requests: tuple[RequestView, ...], decisions: list[Decision]) -> list[Decision]:
         """A request that named its proposer (``speculation.mode`` "draft" or "ngram") speculates with it

@@ -43,6 +43,7 @@ from policies.base import ProposerName
 from policies.cost_model import CostCoefficients, DraftPlan
 
 MAX_DINKELBACH_ITERATIONS = 12
+FORBIDDEN = -1e9  # the value of plain decode where the plan must speculate
 DRAFT: ProposerName = "draft"
 NGRAM: ProposerName = "ngram"
 
@@ -113,27 +114,40 @@ def plan_batch(
     coeffs: CostCoefficients,
     num_prefill_tokens: int = 0,
     hysteresis: float = 0.0,
+    speculate: bool = False,
 ) -> BatchPlan:
-    """The goodput-maximising (k, proposer) of every request (exact for the cost model, see module doc)."""
+    """The goodput-maximising (k, proposer) of every request (exact for the cost model, see module doc).
+
+    ``speculate``: the best plan in which every request that has a proposer drafts (k >= 1): plain decode is
+    no option for it, and Dinkelbach's price starts at nothing, so the first solve already speculates."""
     n = len(candidates)
     base_tokens = n + num_prefill_tokens
     bonus = 1.0 + hysteresis
     plain = [bonus if c.previous is not None and c.previous[1] == 0 else 1.0 for c in candidates]
     lam = sum(plain) / coeffs.target_seconds(n, base_tokens)
-    bounds = [_gain_bounds(c, lam, coeffs) for c in candidates]
-    active = [i for i, bound in enumerate(bounds) if bound is None or max(bound) > 0.0]
-    if not active or _cannot_pay([bounds[i] for i in active], [plain[i] for i in active], lam, coeffs):
-        return _plain_plan(n, base_tokens, coeffs)
+    if speculate:
+        active = [i for i, c in enumerate(candidates) if c.max_k_draft or c.max_k_ngram]
+        if not active:
+            return _plain_plan(n, base_tokens, coeffs)
+        lam = 0.0
+    else:
+        bounds = [_gain_bounds(c, lam, coeffs) for c in candidates]
+        active = [i for i, bound in enumerate(bounds) if bound is None or max(bound) > 0.0]
+        if not active or _cannot_pay([bounds[i] for i in active], [plain[i] for i in active], lam, coeffs):
+            return _plain_plan(n, base_tokens, coeffs)
     # the set-aside requests decode plainly: their tokens are a constant, their fed tokens part of the base
     subset = [candidates[i] for i in active]
     draft_tables = [_token_table(c.alpha_draft, c.max_k_draft) for c in subset]
     true = _Tables([1.0] * len(subset), draft_tables, [_token_table(c.alpha_ngram, c.max_k_ngram) for c in subset],
                    [c.draft_catch_up for c in subset], draft_tables)
     objective = _with_hysteresis(true, subset, bonus)
+    if speculate:
+        objective.plain = [FORBIDDEN] * len(subset)
     aside_objective = sum(plain) - sum(plain[i] for i in active)
     choice: Choice = ([0] * len(subset), [False] * len(subset))
     previous = _previous_choice(subset, objective)
-    if any(previous[0]):  # a better start than plain decode: most often the optimum already, confirmed by one solve
+    # a better start than plain decode: most often the optimum already, confirmed by one solve
+    if all(previous[0]) if speculate else any(previous[0]):
         tokens, seconds = _evaluate(previous, objective, n, base_tokens, coeffs)
         if (tokens + aside_objective) / seconds > lam:
             lam, choice = (tokens + aside_objective) / seconds, previous

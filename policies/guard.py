@@ -120,7 +120,7 @@ class _Arm:
     samples: int = 0
     sizes: dict[int, float] = field(default_factory=dict)  # batch size -> its weight in the averages
     plain_reference: float = 0.0  # speculative arms: plain decode's tokens/s at their sizes when last sampled
-    confirmed: bool = False  # speculative arms: a probe measured this figure, and it has not won since
+    probed: bool = False  # speculative arms: a probe burst ran since this figure last won (or measured it)
     catching_up: bool = False  # draft-route probes: the first speculative step (the draft's catch-up) is still due
 
     def add(self, tokens: int, seconds: float, batch_size: int) -> None:
@@ -175,7 +175,7 @@ class GoodputGuard:
         if probe is not None and probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
             self._speculative[key] = self._probes.pop(key)
             self._burst_left[key] = 0
-            probe.confirmed = True
+            probe.probed = True
 
     def allowed_proposers(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float,
                           measured: bool = True) -> frozenset[str]:
@@ -207,6 +207,19 @@ class GoodputGuard:
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         return any(self._burst_left.get((*key, route), 0) > 0 for route in PROPOSERS)
 
+    def speculation_evidence(self, batch_size: int, temperature: float) -> str | None:
+        """What the measurements say of speculation with the draft model at this batch size and temperature: "wins"
+        (a winning verdict), "measure" (a probe burst is under way, or the draft route needs more steps: a near
+        miss, or untried here and not rejected at a smaller batch) or None (it lost)."""
+        draft = (batch_bucket(batch_size), temperature_bucket(temperature), "draft")
+        verdict = self._judge(*draft)[0]
+        if verdict == "speculate":
+            return "wins"
+        if (self.probing(batch_size, temperature) or verdict == "measure more"
+                or (verdict is None and not self._smaller_batches_reject(*draft))):
+            return "measure"
+        return None
+
     def _route_decision(self, key: tuple[int, int, str], rng: random.Random, probe_rate: float,
                         measured: bool) -> tuple[str, str | None]:
         """(speculate | plain (a deliberate plain step: it measures the plain arm) | rejected (try a cheaper
@@ -220,18 +233,20 @@ class GoodputGuard:
             return "speculate", verdict
         if verdict == "measure plain":
             return ("plain" if rng.random() < MEASURE_PLAIN_RATE else "speculate"), verdict
-        if verdict == "decode plainly" and not self._speculative[key].confirmed:
+        if verdict == "decode plainly" and not self._speculative[key].probed:
             probe_rate *= MAX_PROBE_BOOST  # sustained speculation lost: a probe checks it soon
         elif verdict is not None:  # the closer the verdict, the more often the other arm is measured
             probe_rate *= _probe_scale(vs_plain)
         if verdict == "speculate":
-            self._speculative[key].confirmed = False  # should it lose from here on, a probe checks that soon
+            self._speculative[key].probed = False  # should it lose from here on, a probe checks that soon
             return ("plain" if rng.random() < probe_rate else "speculate"), verdict  # single steps, no switching cost
         # speculation lost here, or is untried here and lost at a smaller batch: probe it in bursts
         left = self._burst_left.get(key, 0)
         if left == 0 and (verdict == "remeasure" or rng.random() < probe_rate / PROBE_BURST):
             left = PROBE_LIMIT
             self._probes[key] = _Arm(catching_up=key[2] == "draft")
+            if key in self._speculative:  # one boosted burst per rejection, whether or not the plan speculates in it
+                self._speculative[key].probed = True
             if verdict == "remeasure" and vs_plain:  # one burst per change of pace, whatever it measures
                 spec = self._speculative[key]
                 spec.plain_reference = spec.rate / vs_plain

@@ -286,3 +286,21 @@ def test_decide_is_fast_for_32_requests() -> None:
         policy.decide(batch)
         timings.append(time.perf_counter() - start)
     assert sorted(timings)[len(timings) // 2] < 5e-3  # ~0.3 ms on an idle core; loose for loaded CI
+
+
+def test_the_guards_measurements_overrule_a_plan_that_decodes_plainly() -> None:
+    """The model predicts speculation at 0.96x plain decode (k = 1, the best draft): too close to call, so where
+    the guard has not measured it yet, the plan speculates to measure it; at 0.82x the model is trusted until a
+    measurement says speculation wins here, which then overrules it."""
+    batch = BatchView(tuple(view(f"r{index}") for index in range(8)))
+    near_tie = quiet(verify_cost_coefficients=(0.01, 0.0, 0.001), draft_cost_per_token=0.006)
+    assert {d.k for d in AdaptivePolicy(PolicySettings(**{**near_tie.to_dict(), "goodput_guard": False}))
+            .decide(batch)} == {0}
+    assert {d.k for d in AdaptivePolicy(near_tie).decide(batch)} == {1}
+    clear_loss = quiet(verify_cost_coefficients=(0.01, 0.0, 0.002), draft_cost_per_token=0.012)
+    policy = AdaptivePolicy(clear_loss)
+    assert {d.k for d in policy.decide(batch)} == {0}
+    for _ in range(12):  # measured: speculation at 8 requests emits 1.5x the tokens per second of plain decode
+        policy.observe_step(StepTiming(8, 8, 0.010, step_seconds=0.010, num_generated=8))
+        policy.observe_step(StepTiming(8, 16, 0.012, 8, 0.004, 8, 1, step_seconds=0.016, num_generated=18))
+    assert {d.k for d in policy.decide(batch)} == {1}

@@ -39,9 +39,13 @@ def objective(candidates: list[Candidate], coeffs: CostCoefficients, prefill: in
 
 
 def brute_force_goodput(candidates: list[Candidate], coeffs: CostCoefficients, prefill: int,
-                        hysteresis: float = 0.0) -> float:
-    options = [[(0, "draft")] + [(k, "draft") for k in range(1, c.max_k_draft + 1)]
-               + [(k, "ngram") for k in range(1, c.max_k_ngram + 1)] for c in candidates]
+                        hysteresis: float = 0.0, speculate: bool = False) -> float:
+    """``speculate``: over the plans where every request that has a proposer drafts."""
+    options = []
+    for c in candidates:
+        drafts = [(k, "draft") for k in range(1, c.max_k_draft + 1)]
+        drafts += [(k, "ngram") for k in range(1, c.max_k_ngram + 1)]
+        options.append(drafts if speculate and drafts else [(0, "draft"), *drafts])
     return max(objective(candidates, coeffs, prefill, hysteresis, combo) for combo in itertools.product(*options))
 
 
@@ -74,6 +78,16 @@ def test_plan_is_the_exact_optimum(candidates: list[Candidate], coeffs: CostCoef
     for c, k, proposer in zip(candidates, plan.ks, plan.proposers, strict=True):
         if k:
             assert k <= (c.max_k_draft if proposer == "draft" else c.max_k_ngram)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(candidate, min_size=1, max_size=3), coefficients)
+def test_speculative_plan_is_the_best_in_which_every_request_drafts(candidates: list[Candidate],
+                                                                   coeffs: CostCoefficients) -> None:
+    plan = plan_batch(candidates, coeffs, speculate=True)
+    assert plan.goodput >= brute_force_goodput(candidates, coeffs, 0, speculate=True) * (1 - 1e-9)
+    for c, k in zip(candidates, plan.ks, strict=True):
+        assert (k > 0) == bool(c.max_k_draft or c.max_k_ngram)
 
 
 def test_fixed_cost_of_speculating_favours_longer_drafts() -> None:

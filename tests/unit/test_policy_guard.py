@@ -494,3 +494,28 @@ def test_unmeasured_batch_sizes_take_the_cost_model_corrected_by_measured_ones()
     for _ in range(SAMPLES):
         guard.observe(step(16, True, 17, 0.030))  # 567 tokens/s: 19% more
     assert allowed_fraction(guard, 16, 0.0) == 1.0
+
+
+def test_the_evidence_on_speculation_the_plan_may_be_overruled_by() -> None:
+    """The draft route's measurements: untried (and not lost at a smaller batch) or a near miss on too few
+    steps ask for measurement; a winning verdict says it wins; a settled loss says nothing."""
+    guard = GoodputGuard()
+    assert guard.speculation_evidence(8, 0.0) == "measure"  # untried
+    for _ in range(SAMPLES):
+        guard.observe(step(8, False, 8, 0.010))  # plain: 800 tokens/s
+        guard.observe(step(8, True, 12, 0.010))  # speculation: 1200 tokens/s
+    assert guard.speculation_evidence(8, 0.0) == "wins"
+    assert guard.speculation_evidence(8, 1.0) == "measure"  # nothing measured at T = 1
+    near = GoodputGuard()
+    for _ in range(SAMPLES):
+        near.observe(step(8, False, 8, 0.010))
+        near.observe(step(8, True, 8, 0.0104))  # 0.96x plain decode on 12 steps: a near miss, measure more
+    assert near.speculation_evidence(8, 0.0) == "measure"
+    for _ in range(SURE):
+        near.observe(step(8, True, 8, 0.0104))  # settled: rejected
+    assert near.speculation_evidence(8, 0.0) is None
+    assert near.speculation_evidence(16, 0.0) is None  # lost at a smaller batch: a larger one starts rejected
+    rng = random.Random(0)
+    while not near.probing(8, 0.0):  # a probe burst measures it again
+        near.allowed_proposers(8, 0.0, rng, 1.0)
+    assert near.speculation_evidence(8, 0.0) == "measure"
