@@ -13,11 +13,19 @@ estimates would cost more than the gain.
 Steps in which the draft model first had to catch up on tokens it missed (its lazy prefill, or a
 return from plain decode) count like any other: the plan's own switching between plain and
 speculative decode costs those catch-ups, and leaving them out made speculation look better than it
-was. So that a probe of rejected speculation is not judged by its catch-up step alone, it lasts
-``PROBE_BURST`` steps, as sustained speculation would, and speculation gets no verdict before it
-has that many steps: judged on three, one of them the draft's lazy prefill of a 150-token prompt,
-speculation at batch 1 looked half as fast as plain decode and, so clearly lost, was hardly ever
-probed again.
+was. Speculation gets no verdict before ``MIN_SPECULATIVE_SAMPLES`` steps: judged on three, one of them
+the draft's lazy prefill of a 150-token prompt, speculation at batch 1 looked half as fast as plain
+decode and, so clearly lost, was hardly ever probed again.
+
+A probe of rejected speculation is a burst that lasts until it has measured ``PROBE_BURST`` speculative
+steps, as sustained speculation would run them (the plan may decode plainly in some of its steps: counted
+by steps, bursts at 4 requests ended on 10 or 11 speculative ones and never replaced the rejected figure),
+at most ``PROBE_LIMIT`` steps. Its first speculative step is not measured: there the draft model catches up
+on everything the requests decoded plainly while speculation was rejected. That is a cost of the rejection,
+sunk once the probe has begun, and sustained speculation does not pay it: charged to the burst, it made
+speculation that ran 1.2x plain decode (batch 4, T = 1) read 0.85x, and the rejection stuck for three runs.
+A rejection no probe has checked yet (sustained speculation can lose on a transient: four prompts arriving
+at once, each draft-prefilled in one step) gets one probe burst at ``MAX_PROBE_BOOST`` times the rate.
 
 Speculative steps are kept apart by route: those where the draft model proposed (alone or beside
 n-gram lookups) and those where only n-gram lookups did. An n-gram proposal costs no model pass, so
