@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -73,12 +74,15 @@ def run_engines_lockstep(engines: dict[str, LLMEngine], prompts: list[list[int]]
     Why: a shared VM's speed drifts by 10-30% within a minute, so two identical runs taken one after the other
     paired badly (their ratio strayed by 7-14%; in turn, by 0.3%: see bench/policy_sweep.py). Steps of ~20 ms
     taken in turn see the same spells, and kept level by progress the engines all finish together, so a slower
-    policy's last steps do not run alone in a later spell.
+    policy's last steps do not run alone in a later spell. Engines level on progress (identical plain ones, all
+    the time) take turns in a random order: broken by the order of ``engines``, the first of four identical
+    ``off`` engines ran 2% slower than the others.
     """
     clients = {name: _Clients(engine, prompts, params, max_in_flight) for name, engine in engines.items()}
     busy = list(clients.values())
+    ties = random.Random(0)
     while busy:
-        behind = min(busy, key=lambda c: c.num_emitted / c.num_planned)
+        behind = min(busy, key=lambda c: (c.num_emitted / c.num_planned, ties.random()))
         if not behind.step():
             busy.remove(behind)
     return {name: c.result() for name, c in clients.items()}
