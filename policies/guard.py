@@ -174,7 +174,7 @@ class GoodputGuard:
         route = "draft" if timing.num_draft_tokens > 0 else "ngram"
         key = (batch_bucket(timing.batch_size), temperature_bucket(temperature), route)
         probe = self._probes.get(key)
-        if probe is not None and probe.catching_up and route == "draft":
+        if probe is not None and probe.catching_up:
             probe.catching_up = False  # what the draft model missed while speculation was rejected: sunk
             return
         arm = probe if probe is not None else self._speculative.setdefault(key, _Arm())
