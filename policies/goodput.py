@@ -119,7 +119,8 @@ def plan_batch(
     """The goodput-maximising (k, proposer) of every request (exact for the cost model, see module doc).
 
     ``speculate``: the best plan in which every request that has a proposer drafts (k >= 1): plain decode is
-    no option for it, and Dinkelbach's price starts at nothing, so the first solve already speculates."""
+    no option for it, and Dinkelbach's iterations start from one drafted token each, a feasible plan (started
+    from a price of nothing, a plan of 32 requests took 514 us; from there, 211 us)."""
     n = len(candidates)
     base_tokens = n + num_prefill_tokens
     bonus = 1.0 + hysteresis
@@ -129,7 +130,6 @@ def plan_batch(
         active = [i for i, c in enumerate(candidates) if c.max_k_draft or c.max_k_ngram]
         if not active:
             return _plain_plan(n, base_tokens, coeffs)
-        lam = 0.0
     else:
         bounds = [_gain_bounds(c, lam, coeffs) for c in candidates]
         active = [i for i, bound in enumerate(bounds) if bound is None or max(bound) > 0.0]
@@ -145,6 +145,10 @@ def plan_batch(
         objective.plain = [FORBIDDEN] * len(subset)
     aside_objective = sum(plain) - sum(plain[i] for i in active)
     choice: Choice = ([0] * len(subset), [False] * len(subset))
+    if speculate:  # a feasible start: one drafted token each, by the draft model where it may propose
+        choice = ([1] * len(subset), [c.max_k_draft > 0 for c in subset])
+        tokens, seconds = _evaluate(choice, objective, n, base_tokens, coeffs)
+        lam = (tokens + aside_objective) / seconds
     previous = _previous_choice(subset, objective)
     # a better start than plain decode: most often the optimum already, confirmed by one solve
     if all(previous[0]) if speculate else any(previous[0]):
