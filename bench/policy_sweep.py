@@ -33,8 +33,10 @@ deviation), fixed draft k = 2 against ``off`` read 0.76-0.86x. Stepped in turn, 
 0.993-1.003x each other, and draft k = 2 against ``off`` 0.795-0.815x, at the median of sequential runs
 (0.78-0.80x over three sets of four). At 1 client, where plain decode is bound by reading the weights, one
 engine per policy (seven sets of weights) did not slow it either: ``off`` ran 130-136 tok/s alone and in
-lockstep, and draft k = 4 read 1.72-1.77x it in lockstep against 1.76-1.81x in sequential runs. Each engine
-learns from its own traffic alone, as a server running that policy would.
+lockstep, and draft k = 4 read 1.72-1.77x it in lockstep against 1.76-1.81x in sequential runs. Each policy
+learns from its own traffic alone, as a server running that policy would. Engines also differ in speed by
+themselves (by up to ~0.5%, as much as two policies that both decode plainly), so after every run each
+policy, with all it learned, moves on to the next policy's engine (``rotate_policies``).
 
 Timing noise: on a shared 2-vCPU VM, torch's two threads made the same run vary by 20-35%, and the two
 vCPUs are not alike (a 512 x 512 matmul: 3.0 ms +-3% on one, 2.2-3.6 ms on the other; fixed n-gram k = 4
@@ -143,6 +145,7 @@ def main() -> None:
                         after = engine.policy.stats()["chosen_k"]["histogram"]
                         chosen_k[name].append([count - (before[name][k] if k < len(before[name]) else 0)
                                                for k, count in enumerate(after)])
+                    rotate_policies(engines)
                 warmups = {name: rs[: args.warmup] for name, rs in runs.items()}
                 runs = {name: rs[args.warmup:] for name, rs in runs.items()}
                 # the median run of each policy: a best-of would favour whichever side has more runs to pick
@@ -204,6 +207,21 @@ def make_engines(policies: dict[str, dict], dtype: str, device: str) -> dict[str
     for name, settings in policies.items():
         set_policy(engines[name], **{"k": 4, **settings})
     return engines
+
+
+def rotate_policies(engines: dict[str, LLMEngine]) -> None:
+    """Move each policy, with all it learned, on to the next policy's engine (between runs: none is in flight).
+
+    Engines differ in speed by themselves: of three identical ``off`` engines in lockstep (prose, T = 0.7, 32
+    clients, 9 runs), one read 1.000-1.008x the first in 8 of 9 runs (median 1.004), the other 0.999-1.003x.
+    That is as large as the gap between two policies that both decode plainly, so each policy takes every
+    engine in turn and no policy keeps a fast or a slow one for a whole sweep."""
+    names = list(engines)
+    moved = {name: engines[names[(i + 1) % len(names)]] for i, name in enumerate(names)}
+    controllers = {name: engine.policy for name, engine in engines.items()}
+    for name, engine in moved.items():
+        engine.policy = controllers[name]
+    engines.update(moved)
 
 
 def output_lengths(num_requests: int, mean: int, spread: float) -> list[int]:

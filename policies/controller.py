@@ -106,10 +106,11 @@ class PolicyController:
             decisions = self._policy.decide(batch)
             self._num_steps += 1
             self._num_request_steps += len(decisions)
-            for decision in decisions:
+            speculative = [decision for decision in decisions if decision.k > 0]
+            self._k_counts[0] += len(decisions) - len(speculative)
+            for decision in speculative:
                 self._k_counts[min(decision.k, K_LIMIT)] += 1
-                if decision.k > 0:
-                    self._proposer_counts[decision.proposer] += 1
+                self._proposer_counts[decision.proposer] += 1
             return decisions
 
     def observe(self, outcome: RoundOutcome) -> None:

@@ -25,7 +25,9 @@ on everything the requests decoded plainly while speculation was rejected. That 
 sunk once the probe has begun, and sustained speculation does not pay it: charged to the burst, it made
 speculation that ran 1.2x plain decode (batch 4, T = 1) read 0.85x, and the rejection stuck for three runs.
 A rejection no probe has checked yet (sustained speculation can lose on a transient: four prompts arriving
-at once, each draft-prefilled in one step) gets one probe burst at ``MAX_PROBE_BOOST`` times the rate.
+at once, each draft-prefilled in one step) gets one probe burst at ``MAX_PROBE_BOOST`` times the rate. The
+plan may decline a burst (`decline_probe`: its model predicts speculation far below plain decode); one that
+has not speculated yet then ends, since it would measure nothing.
 
 Speculative steps are kept apart by route: those where the draft model proposed (alone or beside
 n-gram lookups) and those where only n-gram lookups did. An n-gram proposal costs no model pass, so
@@ -214,6 +216,17 @@ class GoodputGuard:
         """Whether a probe burst of rejected speculation is under way at this batch size and temperature."""
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         return any(self._burst_left.get((*key, route), 0) > 0 for route in PROPOSERS)
+
+    def decline_probe(self, batch_size: int, temperature: float) -> None:
+        """The plan declined to speculate in a probe burst here: a burst that has seen no speculative step yet ends
+        (it would plan every step for nothing: at 32 requests the model predicted speculation far below plain
+        decode, and bursts ran their ``PROBE_LIMIT`` steps unmeasured); one under way goes on."""
+        key = (batch_bucket(batch_size), temperature_bucket(temperature))
+        for route in PROPOSERS:
+            probe = self._probes.get((*key, route))
+            if probe is not None and probe.samples == 0 and probe.catching_up == (route == "draft"):
+                self._burst_left[(*key, route)] = 0
+                del self._probes[(*key, route)]
 
     def speculation_evidence(self, batch_size: int, temperature: float) -> str | None:
         """What the measurements say of speculation with the draft model at this batch size and temperature: "wins"

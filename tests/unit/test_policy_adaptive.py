@@ -82,19 +82,41 @@ def test_a_long_plain_streak_is_planned_only_now_and_then_and_a_lighter_load_at_
 
 def test_every_step_of_a_probe_burst_is_planned() -> None:
     """A probe of rejected speculation measures what the plan does with it: plain steps that plan sampling
-    skipped the plan for would leave the probe without speculative steps."""
-    policy = AdaptivePolicy(quiet(guard_probe_rate=1.0), LearnedState(cost_model=compute_bound_cost_model()))
+    skipped the plan for would leave the probe without speculative steps. The model here predicts speculation at
+    0.96x plain decode, close enough for the probe to measure it."""
+    near_tie = quiet(verify_cost_coefficients=(0.01, 0.0, 0.001), draft_cost_per_token=0.006, goodput_guard=False)
+    policy = AdaptivePolicy(near_tie)
+    batch = BatchView(tuple(view(f"r{index}") for index in range(8)))
+    for _ in range(16):
+        assert {d.k for d in policy.decide(batch)} == {0}  # all plain: plans are sampled from now on
+    policy.reconfigure(PolicySettings(**{**near_tie.to_dict(), "goodput_guard": True, "guard_probe_rate": 1.0}))
+    for _ in range(24):  # speculation measured slower than plain decode at 8 requests: rejected, and probed
+        policy.observe_step(StepTiming(8, 8, 0.01, step_seconds=0.01, num_generated=8))
+        policy.observe_step(StepTiming(8, 16, 0.02, 8, 0.004, 8, 1, step_seconds=0.024, num_generated=10))
+    while {d.k for d in policy.decide(batch)} == {0}:  # vetoed until a probe burst starts
+        assert not policy.guard.probing(8, 0.0)
+    for _ in range(10):
+        assert {d.k for d in policy.decide(batch)} == {1}
+        assert policy.guard.probing(8, 0.0)
+
+
+def test_a_probe_burst_the_model_declines_ends_at_once() -> None:
+    """Where the model predicts speculation far below plain decode (64 requests on a compute-bound target) and
+    the guard has no win to show, a probe burst would plan every one of its steps and measure nothing: it ends in
+    its first step, and the steps after it are sampled for planning again."""
+    policy = AdaptivePolicy(quiet(guard_probe_rate=0.2), LearnedState(cost_model=compute_bound_cost_model()))
     crowd = BatchView(tuple(view(f"r{index}") for index in range(64)))
     for _ in range(16):
         policy.decide(crowd)  # all plain: plans are sampled from now on
     for _ in range(24):  # speculation measured slower than plain decode at 64 requests: rejected, and probed
         policy.observe_step(StepTiming(64, 64, 0.01, step_seconds=0.01, num_generated=64))
         policy.observe_step(StepTiming(64, 128, 0.02, 64, 0.004, 64, 1, step_seconds=0.024, num_generated=80))
-    while not policy.guard.probing(64, 0.0):
+    planned = 0
+    for _ in range(400):  # bursts start at 0.2 / 12 per step: ~7 of them
         assert {d.k for d in policy.decide(crowd)} == {0}
-    for _ in range(10):
-        policy.decide(crowd)
-        assert policy.last_plan is not None
+        assert not policy.guard.probing(64, 0.0)
+        planned += policy.last_plan is not None
+    assert planned < 400 * 0.125 + 20  # plan sampling's share, and the first step of each burst
 
 
 def test_high_temperature_lowers_k_at_the_same_history() -> None:

@@ -519,3 +519,23 @@ def test_the_evidence_on_speculation_the_plan_may_be_overruled_by() -> None:
     while not near.probing(8, 0.0):  # a probe burst measures it again
         near.allowed_proposers(8, 0.0, rng, 1.0)
     assert near.speculation_evidence(8, 0.0) == "measure"
+
+
+def test_a_declined_probe_ends_only_before_its_first_speculative_step() -> None:
+    """The plan may decline a probe burst (its model predicts speculation far below plain decode): one that has
+    not speculated yet ends unmeasured; one whose draft model already caught up goes on measuring."""
+    guard = GoodputGuard()
+    for _ in range(SURE):
+        guard.observe(step(8, False, 8, 0.010))
+        guard.observe(step(8, True, 6, 0.010))  # speculation clearly loses: 600 tokens/s against 800
+    rng = random.Random(0)
+    while "draft" not in guard.allowed_proposers(8, 0.0, rng, 1.0):
+        pass
+    guard.decline_probe(8, 0.0)
+    assert not guard.probing(8, 0.0)
+    assert "draft" not in guard.allowed_proposers(8, 0.0, rng, 0.0)
+    while "draft" not in guard.allowed_proposers(8, 0.0, rng, 1.0):
+        pass
+    guard.observe(step(8, True, 6, 0.030))  # the draft model's catch-up: the burst has begun
+    guard.decline_probe(8, 0.0)
+    assert guard.probing(8, 0.0)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from bench.common import RunResult
-from bench.policy_sweep import TWIN, TWIN_OF, summarize_cell
+from bench.policy_sweep import TWIN, TWIN_OF, rotate_policies, summarize_cell
 
 
 def runs(*rates: float) -> list[RunResult]:
@@ -27,3 +29,16 @@ def test_cell_verdicts_are_medians_of_paired_ratios_and_the_twin_never_counts_as
     assert summary["twin_vs_best_fixed"] == pytest.approx(200 / 105)
     assert summary["twin_vs_original"] == pytest.approx(200 / 100)
     assert "twin_vs_original" not in summarize_cell(cell, {"adaptive": runs(1), "off": runs(1), TWIN_OF: runs(1)})
+
+
+def test_policies_take_every_engine_in_turn() -> None:
+    """Engines differ in speed by themselves, so between runs each policy moves on to the next one's engine."""
+    engines = {name: SimpleNamespace(policy=f"{name} policy", label=f"engine {i}")
+               for i, name in enumerate(("adaptive", "off", "draft k=2"))}
+    seen: dict[str, list[str]] = {name: [] for name in engines}
+    for _ in range(3):
+        for name, engine in engines.items():
+            assert engine.policy == f"{name} policy"
+            seen[name].append(engine.label)
+        rotate_policies(engines)  # type: ignore[arg-type]
+    assert all(sorted(labels) == ["engine 0", "engine 1", "engine 2"] for labels in seen.values())
