@@ -224,7 +224,10 @@ class GoodputGuard:
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         for route in PROPOSERS:
             probe = self._probes.get((*key, route))
-            if probe is not None and probe.samples == 0 and probe.catching_up == (route == "draft"):
+            if probe is None:
+                continue
+            begun = probe.samples > 0 or (route == "draft" and not probe.catching_up)  # a catch-up is a step too
+            if not begun:
                 self._burst_left[(*key, route)] = 0
                 del self._probes[(*key, route)]
 
