@@ -69,14 +69,26 @@ the switch from plain decode (every request's draft catch-up), are too few to te
 batch 4, T = 1, a first contact measured 0.94x, and the cell decoded plainly for two whole runs until a
 probe found speculation 1.2x faster. Where it truly only breaks even, the extra steps cost next to nothing.
 
+Each speculative step is paired with plain decode as it ran at that moment: the time of a plain step of
+its batch size, as the plain arms stand then, enters the speculative figure's averages beside the step's own,
+and speculation is judged by the ratio of the two. A shared VM's pace drifts by 10-30% within a minute, and a
+figure measured once, then compared with ever fresher plain steps, drifted with it: at 32 requests, draft
+speculation rejected at 0.67x plain decode read 0.78x, 0.83x, then 0.89x over the next runs (nearing the
+ratios probed at boosted rates) with no new measurement of it. Paired, a verdict moves only when speculation
+is measured again. Stand-ins from the cost model are not paired on: once plain decode is measured, a figure
+paired with them is judged against plain decode's rate now.
+
 A rejection stands only while plain decode runs as fast as when speculation was last measured: where plain
-decode's rate (at speculation's batch sizes) has moved by over ``REGIME_SHIFT`` since, the traffic changed
-under the verdict, and a probe burst measures speculation at once. Its figure was kept from other traffic:
-in the policy sweep, code prompts (long contexts) left the draft route rejected at batch 4, T = 1; prose
-prompts then ran plain steps 15% faster, which made the stale figure look ever worse (0.93x plain decode,
-then 0.86x) and rarer to probe, and the cell decoded plainly for most of a run while fixed draft k = 2 ran
-1.3x faster. One burst per change of pace: a burst that measured nothing (at 17-32 requests the plan used
-no draft-model user) restarted every 12 steps.
+decode's rate (at speculation's batch sizes) has moved by over ``REGIME_SHIFT`` since, the traffic may have
+changed under the verdict, and a probe burst measures speculation at once. Its figure was kept from other
+traffic: in the policy sweep, code prompts (long contexts) left the draft route rejected at batch 4, T = 1;
+prose prompts then ran plain steps 15% faster (and unpaired, the stale figure looked ever worse: 0.93x plain
+decode, then 0.86x, and rarer to probe), and the cell decoded plainly for most of a run while fixed draft
+k = 2 ran 1.3x faster. One burst per change of pace: a burst that measured nothing (at 17-32 requests the
+plan used no draft-model user) restarted every 12 steps. A pace alone moves too: at 10% (paired, the bar was
+there for traffic only), a shared VM's drift reopened the rejection at 32 requests about once a run, and a
+burst there makes the draft model prefill every request's prompt first (one step ~7x a plain one): runs with
+such a burst read 0.96x ``off``.
 
 A batch-size bucket where speculation was never measured starts from the verdict of the nearest smaller
 batch size at the same temperature: if speculation lost there, it is rejected (and probed) here too,
@@ -108,7 +120,7 @@ PROBE_LIMIT = 3 * PROBE_BURST  # steps a probe burst may last while the plan dec
 MIN_SPECULATIVE_SAMPLES = PROBE_BURST  # speculative steps before their rate counts: the first may be a catch-up
 SURE_SAMPLES = 2 * MIN_SPECULATIVE_SAMPLES  # speculative steps before a near miss of the bar rejects speculation
 NEAR_MISS = 1.0 - 2 * REQUIRED_GAIN  # speculation at or above this ratio to plain decode only just missed its bar
-REGIME_SHIFT = 0.1  # plain decode's rate moved this much since rejected speculation was measured: measure it again
+REGIME_SHIFT = 0.2  # plain decode's rate moved this much since rejected speculation was measured: measure it again
 ALL_PROPOSERS: frozenset[str] = frozenset(PROPOSERS)
 NO_PROPOSERS: frozenset[str] = frozenset()
 DRAFT_ONLY: frozenset[str] = frozenset({"draft"})
@@ -129,11 +141,17 @@ class _Arm:
     seconds: float = 0.0
     samples: int = 0
     sizes: dict[int, float] = field(default_factory=dict)  # batch size -> its weight in the averages
+    # speculative arms: each step paired with a plain step of its batch size as plain decode ran at that moment
+    plain_tokens: float = 0.0
+    plain_seconds: float = 0.0
+    paired_measured: bool = False  # the latest step's plain counterpart was measured (not the cost model's)
     plain_reference: float = 0.0  # speculative arms: plain decode's tokens/s at their sizes when last sampled
     probed: bool = False  # speculative arms: a probe burst ran since this figure last won (or measured it)
     catching_up: bool = False  # draft-route probes: the first speculative step (the draft's catch-up) is still due
 
-    def add(self, tokens: int, seconds: float, batch_size: int) -> None:
+    def add(self, tokens: int, seconds: float, batch_size: int, plain_seconds: float | None = None,
+            plain_measured: bool = False) -> None:
+        """One step; ``plain_seconds``: speculative steps' counterpart, a plain step of ``batch_size`` right now."""
         w = max(EWMA_WEIGHT, 1.0 / (self.samples + 1))  # a plain mean until the EWMA's horizon is filled
         self.tokens += w * (tokens - self.tokens)
         self.seconds += w * (seconds - self.seconds)
@@ -141,10 +159,18 @@ class _Arm:
             self.sizes[size] *= 1.0 - w
         self.sizes[batch_size] = self.sizes.get(batch_size, 0.0) + w
         self.samples += 1
+        if plain_seconds is not None:
+            self.plain_tokens += w * (batch_size - self.plain_tokens)
+            self.plain_seconds += w * (plain_seconds - self.plain_seconds)
+        self.paired_measured = plain_seconds is not None and plain_measured
 
     @property
     def rate(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def paired_plain_rate(self) -> float:
+        return self.plain_tokens / self.plain_seconds if self.plain_seconds > 0 else 0.0
 
 
 class GoodputGuard:
@@ -180,7 +206,8 @@ class GoodputGuard:
             probe.catching_up = False  # what the draft model missed while speculation was rejected: sunk
             return
         arm = probe if probe is not None else self._speculative.setdefault(key, _Arm())
-        arm.add(*sample)
+        plain_seconds, plain_measured = self._plain_seconds(key[0])
+        arm.add(*sample, plain_seconds=plain_seconds(timing.batch_size), plain_measured=plain_measured)
         arm.plain_reference = self._plain_rate(key[0], arm.sizes)[0] or 0.0
         if probe is not None and probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
             self._speculative[key] = self._probes.pop(key)
@@ -271,9 +298,9 @@ class GoodputGuard:
             self._probes[key] = _Arm(catching_up=key[2] == "draft")
             if key in self._speculative:  # one boosted burst per rejection, whether or not the plan speculates in it
                 self._speculative[key].probed = True
-            if verdict == "remeasure" and vs_plain:  # one burst per change of pace, whatever it measures
+            if verdict == "remeasure":  # one burst per change of pace, whatever it measures
                 spec = self._speculative[key]
-                spec.plain_reference = spec.rate / vs_plain
+                spec.plain_reference = self._plain_rate(key[0], spec.sizes)[0] or spec.plain_reference
         self._burst_left[key] = max(0, left - 1)
         if left == 1:  # the burst ends before its probe measured enough (the plan decoded plainly): drop the probe
             self._probes.pop(key, None)
@@ -297,8 +324,8 @@ class GoodputGuard:
         plain_rate, plain_measured = self._plain_rate(bucket, spec.sizes)
         if plain_rate is None:
             return "measure plain", None
-        vs_plain = spec.rate / plain_rate
-        if spec.rate >= plain_rate * (1.0 + REQUIRED_GAIN):
+        vs_plain = _vs_plain(spec, plain_rate, plain_measured)
+        if vs_plain >= 1.0 + REQUIRED_GAIN:
             return ("speculate" if plain_measured else "measure plain"), vs_plain
         if vs_plain >= NEAR_MISS and spec.samples < SURE_SAMPLES:
             return "measure more", vs_plain
@@ -363,10 +390,10 @@ class GoodputGuard:
             speculative: dict[str, dict[str, Any]] = {}
             for (b, t, route), arm in sorted(self._speculative.items()):
                 if b == bucket:
-                    plain_rate, _ = self._plain_rate(bucket, arm.sizes)
+                    plain_rate, plain_measured = self._plain_rate(bucket, arm.sizes)
                     speculative.setdefault(route, {})[TEMPERATURE_BUCKETS[t]] = {
                         "tokens_per_s": arm.rate, "steps": arm.samples,
-                        "vs_plain": arm.rate / plain_rate if plain_rate else None}
+                        "vs_plain": _vs_plain(arm, plain_rate, plain_measured) if plain_rate else None}
             plain_summary = None
             if plain:  # the arms' mean tokens and seconds per step, summed over batch sizes
                 seconds = sum(arm.seconds for arm in plain)
@@ -374,6 +401,16 @@ class GoodputGuard:
                                  "steps": sum(arm.samples for arm in plain)}
             out.append({"batch_sizes": [low, high], "plain": plain_summary, "speculative": speculative})
         return out
+
+
+def _vs_plain(spec: _Arm, plain_rate: float, plain_measured: bool) -> float:
+    """Speculation's rate over plain decode's as plain decode ran beside each speculative step (see the module's
+    docstring); where those were the cost model's stand-ins and plain decode is measured by now, over its rate now
+    (``plain_rate``, at speculation's batch sizes)."""
+    paired = spec.paired_plain_rate
+    if paired > 0 and (spec.paired_measured or not plain_measured):
+        return spec.rate / paired
+    return spec.rate / plain_rate
 
 
 def _probe_scale(vs_plain: float | None) -> float:

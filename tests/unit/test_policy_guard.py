@@ -431,7 +431,7 @@ def test_a_rejection_is_measured_again_once_plain_decode_changed_pace() -> None:
         guard.observe(step(4, False, 4, 0.010 * (1.0 - REGIME_SHIFT / 2)))
     assert allowed_fraction(guard, 4, 0.0) == 0.0
     for _ in range(40):
-        guard.observe(step(4, False, 4, 0.008))  # 25% faster: the traffic changed
+        guard.observe(step(4, False, 4, 0.0075))  # a third faster: the traffic changed
     rng = random.Random(0)
     assert all("draft" in guard.allowed_proposers(4, 0.0, rng, 0.0) for _ in range(PROBE_BURST))
     for _ in range(SAMPLES + 1):
@@ -447,13 +447,35 @@ def test_a_change_of_pace_reopens_a_rejection_for_one_burst() -> None:
         guard.observe(step(4, False, 4, 0.010))  # plain: 400 tokens/s
         guard.observe(step(4, True, 5, 0.020))  # speculation: 250 tokens/s
     for _ in range(40):
-        guard.observe(step(4, False, 4, 0.008))  # 25% faster: the traffic changed
+        guard.observe(step(4, False, 4, 0.0075))  # a third faster: the traffic changed
     rng = random.Random(0)
     assert all("draft" in guard.allowed_proposers(4, 0.0, rng, 0.0) for _ in range(PROBE_LIMIT))
     assert allowed_fraction(guard, 4, 0.0) == 0.0  # no speculative step came: rejected again, not re-probed
-    for _ in range(40):
+    for _ in range(80):
         guard.observe(step(4, False, 4, 0.010))  # back to the old pace: a change again
     assert all("draft" in guard.allowed_proposers(4, 0.0, rng, 0.0) for _ in range(PROBE_BURST))
+
+
+def test_speculation_is_judged_against_plain_decode_as_it_ran_beside_it() -> None:
+    """A machine's pace drifts: rejected speculation, 0.97x the plain steps beside it, is not called a win once
+    plain decode slows by 9% (under REGIME_SHIFT) while speculation is no longer measured, nor winning
+    speculation a loss once plain decode speeds up."""
+    rejected = GoodputGuard()
+    for _ in range(SURE):
+        rejected.observe(step(16, False, 16, 0.010))  # plain: 1600 tokens/s
+        rejected.observe(step(16, True, 24, 0.01546))  # speculation: 1552 tokens/s, 0.97x
+    for _ in range(80):
+        rejected.observe(step(16, False, 16, 0.0109))  # plain decode slows: 1468 tokens/s
+    assert allowed_fraction(rejected, 16, 0.0) == 0.0
+    [row] = rejected.summary()
+    assert row["speculative"]["draft"]["T=0"]["vs_plain"] == pytest.approx(0.97, abs=0.005)
+    winning = GoodputGuard()
+    for _ in range(SURE):
+        winning.observe(step(16, False, 16, 0.010))
+        winning.observe(step(16, True, 28, 0.0159))  # 1761 tokens/s, 1.1x
+    for _ in range(80):
+        winning.observe(step(16, False, 16, 0.0092))  # plain decode speeds up by 9%
+    assert allowed_fraction(winning, 16, 0.0) > 0.9
 
 
 def test_learned_state_gives_the_guard_the_cost_model_plain_step_time() -> None:
@@ -489,7 +511,7 @@ def test_unmeasured_batch_sizes_take_the_cost_model_corrected_by_measured_ones()
     for _ in range(3):
         guard.observe(step(9, False, 9, 1.2 * plain_seconds(9)))
     for _ in range(SURE):
-        guard.observe(step(16, True, 16, 0.032))  # 500 tokens/s vs plain's 16 / (1.2 x 28 ms) = 476: not 5% more
+        guard.observe(step(16, True, 16, 0.0325))  # 492 tokens/s vs plain's 16 / (1.2 x 28 ms) = 476: not 5% more
     assert allowed_fraction(guard, 16, 0.0) == 0.0
     for _ in range(SAMPLES):
         guard.observe(step(16, True, 17, 0.030))  # 567 tokens/s: 19% more
