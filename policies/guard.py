@@ -208,7 +208,7 @@ class GoodputGuard:
         arm = probe if probe is not None else self._speculative.setdefault(key, _Arm())
         plain_seconds, plain_measured = self._plain_seconds(key[0])
         arm.add(*sample, plain_seconds=plain_seconds(timing.batch_size), plain_measured=plain_measured)
-        arm.plain_reference = self._plain_rate(key[0], arm.sizes)[0] or 0.0
+        arm.plain_reference = _mix_rate(arm.sizes, plain_seconds) or 0.0
         if probe is not None and probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
             self._speculative[key] = self._probes.pop(key)
             self._burst_left[key] = 0
@@ -337,14 +337,7 @@ class GoodputGuard:
         """(plain tokens/s over the batch-size mix ``sizes`` of the bucket or None, whether plain decode was
         measured in the bucket)."""
         seconds, measured = self._plain_seconds(bucket)
-        total_tokens = total_seconds = 0.0
-        for size, weight in sizes.items():
-            step_seconds = seconds(size)
-            if step_seconds is None:
-                return None, measured
-            total_tokens += weight * size
-            total_seconds += weight * step_seconds
-        return (total_tokens / total_seconds if total_seconds > 0 else None), measured
+        return _mix_rate(sizes, seconds), measured
 
     def _plain_seconds(self, bucket: int) -> tuple[Callable[[int], float | None], bool]:
         """(batch size -> a plain step's seconds, whether any size of the bucket is measured). A size's time: as
@@ -401,6 +394,18 @@ class GoodputGuard:
                                  "steps": sum(arm.samples for arm in plain)}
             out.append({"batch_sizes": [low, high], "plain": plain_summary, "speculative": speculative})
         return out
+
+
+def _mix_rate(sizes: dict[int, float], seconds: Callable[[int], float | None]) -> float | None:
+    """Plain tokens/s over the batch-size mix ``sizes`` (size -> weight), given a plain step's seconds per size."""
+    total_tokens = total_seconds = 0.0
+    for size, weight in sizes.items():
+        step_seconds = seconds(size)
+        if step_seconds is None:
+            return None
+        total_tokens += weight * size
+        total_seconds += weight * step_seconds
+    return total_tokens / total_seconds if total_seconds > 0 else None
 
 
 def _vs_plain(spec: _Arm, plain_rate: float, plain_measured: bool) -> float:
