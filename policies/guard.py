@@ -120,6 +120,7 @@ PROBE_LIMIT = 3 * PROBE_BURST  # steps a probe burst may last while the plan dec
 MIN_SPECULATIVE_SAMPLES = PROBE_BURST  # speculative steps before their rate counts: the first may be a catch-up
 SURE_SAMPLES = 2 * MIN_SPECULATIVE_SAMPLES  # speculative steps before a near miss of the bar rejects speculation
 NEAR_MISS = 1.0 - 2 * REQUIRED_GAIN  # speculation at or above this ratio to plain decode only just missed its bar
+CATCH_UP_WEIGHT = 0.25  # weight of the newest probe's catch-up cost in its average
 REGIME_SHIFT = 0.2  # plain decode's rate moved this much since rejected speculation was measured: measure it again
 ALL_PROPOSERS: frozenset[str] = frozenset(PROPOSERS)
 NO_PROPOSERS: frozenset[str] = frozenset()
@@ -186,6 +187,7 @@ class GoodputGuard:
         self._speculative: dict[tuple[int, int, str], _Arm] = {}  # (batch bucket, T bucket, route)
         self._burst_left: dict[tuple[int, int, str], int] = {}  # steps left of a speculative probe burst
         self._probes: dict[tuple[int, int, str], _Arm] = {}  # the speculative steps of a probe, measured afresh
+        self._catch_up: dict[int, float] = {}  # per batch-size bucket: a draft probe's catch-up, in plain steps extra
 
     def observe(self, timing: StepTiming, temperature: float = 0.0) -> None:
         """Record one decode/verify step (no prefill); speculative iff it fed drafts to the target.
@@ -204,6 +206,7 @@ class GoodputGuard:
         probe = self._probes.get(key)
         if probe is not None and probe.catching_up:
             probe.catching_up = False  # what the draft model missed while speculation was rejected: sunk
+            self._observe_catch_up(key, timing)
             return
         arm = probe if probe is not None else self._speculative.setdefault(key, _Arm())
         plain_seconds, plain_measured = self._plain_seconds(key[0])
@@ -213,6 +216,18 @@ class GoodputGuard:
             self._speculative[key] = self._probes.pop(key)
             self._burst_left[key] = 0
             probe.probed = True
+
+    def _observe_catch_up(self, key: tuple[int, int, str], timing: StepTiming) -> None:
+        """What a probe's catch-up step cost beyond an ordinary speculative step, in plain steps: not part of
+        the probe's figure (sustained speculation does not pay it), but of what the next probe will cost."""
+        plain = self._plain_seconds(key[0])[0](timing.batch_size)
+        if not plain:
+            return
+        rejected = self._speculative.get(key)
+        ordinary = rejected.seconds if rejected is not None and rejected.samples else plain
+        extra = max(0.0, (timing.step_seconds - ordinary) / plain)
+        known = self._catch_up.get(key[0])
+        self._catch_up[key[0]] = extra if known is None else known + CATCH_UP_WEIGHT * (extra - known)
 
     def allowed_proposers(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float,
                           measured: bool = True) -> frozenset[str]:
@@ -287,7 +302,7 @@ class GoodputGuard:
         if verdict == "decode plainly" and not self._speculative[key].probed:
             probe_rate *= MAX_PROBE_BOOST  # sustained speculation lost: a probe checks it soon
         elif verdict is not None:  # the closer the verdict, the more often the other arm is measured
-            probe_rate *= _probe_scale(vs_plain)
+            probe_rate *= _probe_scale(vs_plain, self._catch_up.get(key[0], 0.0) if key[2] == "draft" else 0.0)
         if verdict == "speculate":
             self._speculative[key].probed = False  # should it lose from here on, a probe checks that soon
             return ("plain" if rng.random() < probe_rate else "speculate"), verdict  # single steps, no switching cost
@@ -418,20 +433,26 @@ def _vs_plain(spec: _Arm, plain_rate: float, plain_measured: bool) -> float:
     return spec.rate / plain_rate
 
 
-def _probe_scale(vs_plain: float | None) -> float:
+def _probe_scale(vs_plain: float | None, catch_up: float = 0.0) -> float:
     """The probe rate's multiplier, from speculation's rate over plain decode's (``vs_plain``, None: unknown).
 
     Rejected speculation (below its bar, 1 + ``REQUIRED_GAIN``): ``2 x REQUIRED_GAIN / shortfall``, at most
     ``MAX_PROBE_BOOST``: 2 at break-even, the most just under the bar, falling as 1 / shortfall where it
-    clearly lost. Winning speculation: plain steps at ``min(1, 2 x REQUIRED_GAIN / gain)`` of the rate, rarer
-    the more it wins (at batch 1, where it ran 1.5-1.9x plain decode, each plain probe gave up half a step's
-    tokens and made the draft model catch up in the next: 5% of them cost ~3% of the throughput). Either way
-    the throughput that probing is expected to cost, the probed share times what that arm loses per step,
-    stays below probe_rate x 2 x ``REQUIRED_GAIN`` (0.5% at the default rate).
+    clearly lost. A draft-route burst also pays its first step, the draft model's catch-up (``catch_up``: what
+    that cost beyond an ordinary speculative step, in plain steps, as the last probes measured it), so the
+    shortfall is the whole burst's, over ``PROBE_BURST``. The catch-up grows with the batch and its contexts
+    (the draft model prefills every request's lag): 0.55 plain steps at 32 prose requests, T = 0.7, where a
+    burst's steps that lost 15% fall 2.4 plain steps short of the bar. Winning speculation: plain steps at
+    ``min(1, 2 x REQUIRED_GAIN / gain)`` of the rate, rarer the more it wins (at batch 1, where it ran 1.5-1.9x
+    plain decode, each plain probe gave up half a step's tokens and made the draft model catch up in the next:
+    5% of them cost ~3% of the throughput). Either way the throughput that probing is expected to cost, the
+    probed share times what that arm loses per step, stays below probe_rate x 2 x ``REQUIRED_GAIN`` (0.5% at the
+    default rate).
     """
     if not vs_plain:
         return 1.0
     gain = vs_plain - 1.0
     if gain >= REQUIRED_GAIN:
         return min(1.0, 2.0 * REQUIRED_GAIN / gain)
-    return min(MAX_PROBE_BOOST, 2.0 * REQUIRED_GAIN / (REQUIRED_GAIN - gain))
+    burst_cost = PROBE_BURST * (REQUIRED_GAIN - gain) + catch_up  # in plain steps, the shortfall counted to the bar
+    return min(MAX_PROBE_BOOST, 2.0 * REQUIRED_GAIN * PROBE_BURST / burst_cost)

@@ -16,6 +16,7 @@ from policies import (
     RoundOutcome,
     StepTiming,
 )
+from policies.adaptive import REPLAN_RATE
 
 
 def view(request_id: str = "r", temperature: float = 0.0, max_k: int = 8, match: int = 0, **kw) -> RequestView:
@@ -78,6 +79,29 @@ def test_a_long_plain_streak_is_planned_only_now_and_then_and_a_lighter_load_at_
         planned += policy.last_plan is not None
     assert 16 + 25 < planned < 16 + 80  # 1 in 8 of the 400 steps after the streak
     assert policy.decide(BatchView((view("r0"),)))[0].k > 0
+
+
+def test_unplanned_steps_skip_the_guard_and_sampled_ones_ask_it_at_a_boosted_probe_rate() -> None:
+    """The guard's verdicts cost ~50 us a step at 32 requests: steps that plan sampling decodes plainly unplanned
+    do not ask it, and so that its probes start as often per step, the sampled ones ask at 1 / REPLAN_RATE
+    times the probe rate."""
+    policy = AdaptivePolicy(quiet(), LearnedState(cost_model=compute_bound_cost_model()))
+    for index in range(64):
+        teach(policy, f"r{index}", accepted=2, drafted=4, rounds=5)
+    crowd = BatchView(tuple(view(f"r{index}") for index in range(64)))
+    asked = policy.guard.allowed_proposers
+    rates = []
+
+    def allowed_proposers(batch_size, temperature, rng, probe_rate, measured=True):  # type: ignore[no-untyped-def]
+        rates.append(probe_rate)
+        return asked(batch_size, temperature, rng, probe_rate, measured)
+
+    policy.guard.allowed_proposers = allowed_proposers  # type: ignore[method-assign]
+    for _ in range(16 + 400):
+        policy.decide(crowd)
+    assert rates[:16] == [0.05] * 16
+    assert 25 < len(rates) - 16 < 80
+    assert set(rates[16:]) == {0.05 / REPLAN_RATE}
 
 
 def test_every_step_of_a_probe_burst_is_planned() -> None:

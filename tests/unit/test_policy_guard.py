@@ -272,6 +272,30 @@ def test_a_rejection_no_probe_confirmed_is_probed_soon() -> None:
     assert waits[1] > waits[0]
 
 
+def test_a_draft_probe_is_charged_the_draft_models_catch_up() -> None:
+    """A draft-route burst first makes the draft model catch up on what its requests decoded plainly. Where that
+    step costs 6.6 plain steps more than an ordinary speculative one, a burst of speculation at half plain
+    decode's rate costs twice what its PROBE_BURST steps fall short of the bar (12 x 0.55), so bursts start
+    half as often: the throughput that probing costs stays within its budget."""
+    def bursts(catch_up_seconds: float) -> int:
+        guard = GoodputGuard()
+        for _ in range(SAMPLES):
+            guard.observe(step(16, False, 16, 0.010))  # plain: 1600 tokens/s
+            guard.observe(step(16, True, 12, 0.015))  # speculative: 800 tokens/s
+        rng = random.Random(0)
+        started = 0
+        for _ in range(100_000):
+            begins = not guard.probing(16, 0.0)
+            if "draft" in guard.allowed_proposers(16, 0.0, rng, 0.05):
+                started += begins
+                guard.observe(step(16, True, 12, catch_up_seconds if begins else 0.015))
+        return started
+
+    cheap, dear = bursts(0.015), bursts(0.015 + 0.066)
+    assert cheap > 20
+    assert dear / cheap == pytest.approx(0.5, abs=0.1)
+
+
 def test_fixed_policies_do_not_feed_the_guard_but_plain_decode_does() -> None:
     guard = GoodputGuard()
     FixedPolicy(PolicySettings(mode="draft", k=4), LearnedState(guard=guard)).observe_step(step(8, True, 8, 0.02))
