@@ -22,8 +22,8 @@ Five corrections on top of the pure optimum:
   streak, and another load or temperature is planned at once. At 16-32 requests, where plain decode is
   optimal, planning every step cost 0.6-1.5% of the run's time for nothing. The other steps do not ask the
   goodput guard either: the sampled ones ask it at ``1 / REPLAN_RATE`` times its probe rate, so its probes
-  start as often per step. Asked every step, its verdicts cost ~50 us of a ~24 ms step at 32 prose requests,
-  T = 0.7 (the policy's `decide`: 70-80 us on average, now 30-33 us; ``off``: 7 us);
+  start as often per step. At 32 prose requests, T = 0.7 (~24 ms steps), unplanned steps that asked it took
+  46-57 us, those that do not 22 us; the policy's `decide` took 70-80 us on average, now 30-33 (``off``: 7);
 - the goodput guard (policies/guard.py): where speculative steps (at this batch size and temperature)
   have not measurably emitted more tokens per second than plain steps, the step decodes plainly
   whatever the model predicts, or, where only the draft model's route lost, speculates with n-gram

@@ -82,9 +82,9 @@ def test_a_long_plain_streak_is_planned_only_now_and_then_and_a_lighter_load_at_
 
 
 def test_unplanned_steps_skip_the_guard_and_sampled_ones_ask_it_at_a_boosted_probe_rate() -> None:
-    """The guard's verdicts cost ~50 us a step at 32 requests: steps that plan sampling decodes plainly unplanned
-    do not ask it, and so that its probes start as often per step, the sampled ones ask at 1 / REPLAN_RATE
-    times the probe rate."""
+    """Asking the guard cost ~30 us a step at 32 requests: steps that plan sampling decodes plainly unplanned do
+    not ask it, and so that its probes start as often per step, the sampled ones ask at 1 / REPLAN_RATE times
+    the probe rate."""
     policy = AdaptivePolicy(quiet(), LearnedState(cost_model=compute_bound_cost_model()))
     for index in range(64):
         teach(policy, f"r{index}", accepted=2, drafted=4, rounds=5)
