@@ -148,6 +148,11 @@ class _OnlineFit:
     A window of steady traffic (same batch size, plain decode) says nothing about what an extra token
     costs; refitting it from scratch would drift back to the defaults and, next time, mislead the policy
     into speculating. So the prior of every fit is the last well-determined coefficients, not the defaults.
+
+    A window that has not grown since its last fit is not fitted again (unless the defaults its prior still
+    takes have moved): the draft model's window grows only in steps that draft, and refitting the same rows
+    only moves the coefficients along the pull towards their own last values (by ~1e-4 of themselves a refit),
+    at the price of a second ridge fit beside the target's in every refit of a plain step.
     """
 
     def __init__(self, window: int, num_features: int) -> None:
@@ -155,6 +160,7 @@ class _OnlineFit:
         self.remembered: np.ndarray | None = None
         self.ever_determined = np.zeros(num_features, dtype=bool)
         self.rmse = 0.0
+        self._last: tuple[int, bytes, np.ndarray] | None = None  # (rows seen, prior's defaults, coefficients)
 
     def learned(self) -> list[bool]:
         """Per coefficient: has some window of data ever pinned it down (else it still leans on defaults)?"""
@@ -168,11 +174,16 @@ class _OnlineFit:
             return prior, "default"
         if len(seconds) < min_observations:  # too few to fit: keep the prior's shape at the measured level
             return prior * float(seconds.sum() / max((features @ prior).sum(), 1e-18)), "scaled_default"
+        # what the prior takes from ``default`` (which moves with the target's fit), not from the fit's own past
+        outside = (default if self.remembered is None else default[self.remembered <= 0]).tobytes()
+        if self._last is not None and self._last[:2] == (self.window.count, outside):
+            return self._last[2], "fit"
         result = ridge_fit_nonnegative(features, seconds, prior)
         base = prior if self.remembered is None else self.remembered
         self.remembered = np.where(result.well_determined, result.coef, base)
         self.ever_determined |= result.well_determined
         self.rmse = result.rmse
+        self._last = (self.window.count, outside, result.coef)
         return result.coef, "fit"
 
 

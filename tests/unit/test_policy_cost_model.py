@@ -158,3 +158,28 @@ def test_recovers_what_the_draft_model_pays_to_catch_up() -> None:
     assert model.predict_step(1, 3, DraftPlan(2, 1, 100.0)) - model.predict_step(1, 3, DraftPlan(2, 1)) == \
         pytest.approx(100 * coef.h)
     assert model.fit_summary()["draft_seconds"]["per_catch_up_token"] == coef.h
+
+
+def test_plain_steps_leave_the_draft_fit_as_it_was_without_refitting_it(monkeypatch) -> None:
+    """The draft model's window grows only in steps that draft: refits between them keep its last fit."""
+    import policies.cost_model as cost_model
+
+    rng = random.Random(4)
+    model = CostModel()
+    for _ in range(100):
+        batch, k = rng.randint(1, 8), rng.choice([1, 2, 4])
+        model.observe(timing(batch, batch * (1 + k), passes=k, users=batch, noise=0.02, rng=rng))
+    for _ in range(8):  # a refit after the last drafting step
+        model.observe(timing(32, 32))
+    before = model.coefficients()
+    fits = []
+    real_fit = cost_model.ridge_fit_nonnegative
+    monkeypatch.setattr(cost_model, "ridge_fit_nonnegative", lambda *args: fits.append(1) or real_fit(*args))
+    for _ in range(64):
+        model.observe(timing(32, 32))
+    assert len(fits) == 64 // 8  # the target's refits alone
+    after = model.coefficients()
+    assert (after.d, after.e, after.f, after.h) == (before.d, before.e, before.f, before.h)
+    for _ in range(8):  # a drafting step: the draft window changed, and its next refit fits it again
+        model.observe(timing(4, 12, passes=2, users=4))
+    assert len(fits) == 64 // 8 + 2
