@@ -15,7 +15,13 @@ return from plain decode) count like any other: the plan's own switching between
 speculative decode costs those catch-ups, and leaving them out made speculation look better than it
 was. Speculation gets no verdict before ``MIN_SPECULATIVE_SAMPLES`` steps: judged on three, one of them
 the draft's lazy prefill of a 150-token prompt, speculation at batch 1 looked half as fast as plain
-decode and, so clearly lost, was hardly ever probed again.
+decode and, so clearly lost, was hardly ever probed again. The one step left out is the first that
+speculated at a batch-size bucket and temperature, if the draft model caught up in it: the switch into
+speculation there, left out as a probe leaves out its first (below). At a cold start the draft model
+prefills every running request's context in it: at 8 code requests, T = 0.7, that step fed it 1043 tokens
+and took 32.8 ms beside 11-16 ms for the steps after it (~5.7 plain steps); counted, it pulled the first
+figure to 0.88-0.90x plain decode, speculation was rejected and, probed about once in three runs, stayed
+so (94-99% of request-steps plain) while fixed draft k = 4 ran 1.04-1.12x ``off``.
 
 A probe of rejected speculation is a burst that lasts until it has measured ``PROBE_BURST`` speculative
 steps, as sustained speculation would run them (the plan may decode plainly in some of its steps: counted
@@ -206,6 +212,10 @@ class GoodputGuard:
         probe = self._probes.get(key)
         if probe is not None and probe.catching_up:
             probe.catching_up = False  # what the draft model missed while speculation was rejected: sunk
+            self._observe_catch_up(key, timing)
+            return
+        if probe is None and key not in self._speculative and timing.num_draft_catch_up_tokens > 0:
+            self._speculative[key] = _Arm()  # the first figure starts after the switch into speculation, as a probe's
             self._observe_catch_up(key, timing)
             return
         arm = probe if probe is not None else self._speculative.setdefault(key, _Arm())
