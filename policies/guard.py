@@ -19,9 +19,9 @@ decode and, so clearly lost, was hardly ever probed again. The one step left out
 speculated at a batch-size bucket and temperature, if the draft model caught up in it: the switch into
 speculation there, left out as a probe leaves out its first (below). At a cold start the draft model
 prefills every running request's context in it: at 8 code requests, T = 0.7, that step fed it 1043 tokens
-and took 32.8 ms beside 11-16 ms for the steps after it (~5.7 plain steps); counted, it pulled the first
-figure to 0.88-0.90x plain decode, speculation was rejected and, probed about once in three runs, stayed
-so (94-99% of request-steps plain) while fixed draft k = 4 ran 1.04-1.12x ``off``.
+and took 32.8 ms beside 11-16 ms for the steps after it (~3.5 plain steps more); counted, it pulled a first
+figure of 19 steps from 0.95x plain decode to 0.88x. (Sustained speculation there runs only ~1.04-1.08x plain
+decode per step, within the noise of the bar: a rejection is still a coin flip, and it sticks.)
 
 A probe of rejected speculation is a burst that lasts until it has measured ``PROBE_BURST`` speculative
 steps, as sustained speculation would run them (the plan may decode plainly in some of its steps: counted
