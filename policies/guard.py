@@ -8,7 +8,12 @@ plain steps (per batch size) and of speculative steps (per batch-size bucket, an
 bucket: what speculation yields depends on T), and vetoes speculation where speculative steps have
 not been measurably faster (by ``REQUIRED_GAIN``) than plain ones: near break-even, the flips
 between the two (each return to speculation makes the draft model catch up) and the noise of the
-estimates would cost more than the gain.
+estimates would cost more than the gain. The bar is for taking speculation up; once taken, it is kept
+down to break-even (the same reason the other way: a flip costs, and a figure over ~20 noisy steps dips
+under a bar it truly clears). At 8 code requests, T = 0.7, sustained speculation read 0.97-1.15x plain
+decode as its figure moved, around a true ~1.08x: with one bar for both ways it dipped under 1.05 sooner
+or later, and the rejection, dear to probe there (the draft model first catches up on every request,
+~2.5-3.4 plain steps), stood for runs while fixed draft k = 4 ran 1.01-1.15x ``off``.
 
 Steps in which the draft model first had to catch up on tokens it missed (its lazy prefill, or a
 return from plain decode) count like any other: the plan's own switching between plain and
@@ -119,7 +124,7 @@ from policies.base import PROPOSERS, StepTiming
 MIN_SAMPLES = 3  # plain steps in a bucket before their rate counts
 MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate is still unknown
 EWMA_WEIGHT = 0.05  # weight of the newest step's tokens and seconds: about the last 20 steps count
-REQUIRED_GAIN = 0.05  # speculation must beat plain decode by this much: near break-even, plain cannot lose
+REQUIRED_GAIN = 0.05  # speculation must beat plain decode by this much to be taken up (and is kept to break-even)
 MAX_PROBE_BOOST = 4.0  # rejected speculation close to its bar is probed at up to this many times probe_rate
 PROBE_BURST = 12  # a probe of rejected speculation measures this many speculative steps
 PROBE_LIMIT = 3 * PROBE_BURST  # steps a probe burst may last while the plan decodes plainly in some of them
@@ -154,6 +159,7 @@ class _Arm:
     paired_measured: bool = False  # the latest step's plain counterpart was measured (not the cost model's)
     plain_reference: float = 0.0  # speculative arms: plain decode's tokens/s at their sizes when last sampled
     probed: bool = False  # speculative arms: a probe burst ran since this figure last won (or measured it)
+    winning: bool = False  # speculative arms: the verdict acted on last was "speculate"; it holds down to break-even
     catching_up: bool = False  # draft-route probes: the first speculative step (the draft's catch-up) is still due
 
     def add(self, tokens: int, seconds: float, batch_size: int, plain_seconds: float | None = None,
@@ -301,6 +307,8 @@ class GoodputGuard:
         """(speculate | plain (a deliberate plain step: it measures the plain arm) | rejected (try a cheaper
         route), the route's verdict from `_judge`)."""
         verdict, vs_plain = self._judge(*key)
+        if verdict is not None:
+            self._speculative[key].winning = verdict == "speculate"
         if not measured:
             return ("speculate" if verdict == "speculate" else "rejected"), verdict
         if verdict is None and not self._smaller_batches_reject(*key):
@@ -312,7 +320,8 @@ class GoodputGuard:
         if verdict == "decode plainly" and not self._speculative[key].probed:
             probe_rate *= MAX_PROBE_BOOST  # sustained speculation lost: a probe checks it soon
         elif verdict is not None:  # the closer the verdict, the more often the other arm is measured
-            probe_rate *= _probe_scale(vs_plain, self._catch_up.get(key[0], 0.0) if key[2] == "draft" else 0.0)
+            probe_rate *= _probe_scale(vs_plain, self._catch_up.get(key[0], 0.0) if key[2] == "draft" else 0.0,
+                                       winning=verdict == "speculate")
         if verdict == "speculate":
             self._speculative[key].probed = False  # should it lose from here on, a probe checks that soon
             return ("plain" if rng.random() < probe_rate else "speculate"), verdict  # single steps, no switching cost
@@ -350,7 +359,7 @@ class GoodputGuard:
         if plain_rate is None:
             return "measure plain", None
         vs_plain = _vs_plain(spec, plain_rate, plain_measured)
-        if vs_plain >= 1.0 + REQUIRED_GAIN:
+        if vs_plain >= (1.0 if spec.winning else 1.0 + REQUIRED_GAIN):
             return ("speculate" if plain_measured else "measure plain"), vs_plain
         if vs_plain >= NEAR_MISS and spec.samples < SURE_SAMPLES:
             return "measure more", vs_plain
@@ -443,7 +452,7 @@ def _vs_plain(spec: _Arm, plain_rate: float, plain_measured: bool) -> float:
     return spec.rate / plain_rate
 
 
-def _probe_scale(vs_plain: float | None, catch_up: float = 0.0) -> float:
+def _probe_scale(vs_plain: float | None, catch_up: float = 0.0, winning: bool = False) -> float:
     """The probe rate's multiplier, from speculation's rate over plain decode's (``vs_plain``, None: unknown).
 
     Rejected speculation (below its bar, 1 + ``REQUIRED_GAIN``): ``2 x REQUIRED_GAIN / shortfall``, at most
@@ -462,7 +471,7 @@ def _probe_scale(vs_plain: float | None, catch_up: float = 0.0) -> float:
     if not vs_plain:
         return 1.0
     gain = vs_plain - 1.0
-    if gain >= REQUIRED_GAIN:
-        return min(1.0, 2.0 * REQUIRED_GAIN / gain)
+    if winning or gain >= REQUIRED_GAIN:
+        return min(1.0, 2.0 * REQUIRED_GAIN / gain) if gain > 2.0 * REQUIRED_GAIN else 1.0
     burst_cost = PROBE_BURST * (REQUIRED_GAIN - gain) + catch_up  # in plain steps, the shortfall counted to the bar
     return min(MAX_PROBE_BOOST, 2.0 * REQUIRED_GAIN * PROBE_BURST / burst_cost)
