@@ -11,7 +11,7 @@ between the two (each return to speculation makes the draft model catch up) and 
 estimates would cost more than the gain. The bar is for taking speculation up; once taken, it is kept
 down to break-even (the same reason the other way: a flip costs, and a figure over ~20 noisy steps dips
 under a bar it truly clears). At 8 code requests, T = 0.7, sustained speculation read 0.97-1.15x plain
-decode as its figure moved, around a true ~1.08x: with one bar for both ways it dipped under 1.05 sooner
+decode as its figure moved, around ~1.1x: with one bar for both ways it dipped under 1.05 sooner
 or later, and the rejection, dear to probe there (the draft model first catches up on every request,
 ~2.5-3.4 plain steps), stood for runs while fixed draft k = 4 ran 1.01-1.15x ``off``.
 
@@ -25,8 +25,7 @@ speculated at a batch-size bucket and temperature, if the draft model caught up 
 speculation there, left out as a probe leaves out its first (below). At a cold start the draft model
 prefills every running request's context in it: at 8 code requests, T = 0.7, that step fed it 1043 tokens
 and took 32.8 ms beside 11-16 ms for the steps after it (~3.5 plain steps more); counted, it pulled a first
-figure of 19 steps from 0.95x plain decode to 0.88x. (Sustained speculation there runs only ~1.04-1.08x plain
-decode per step, within the noise of the bar: a rejection is still a coin flip, and it sticks.)
+figure of 19 steps from 0.95x plain decode to 0.88x, under ``NEAR_MISS``: rejected at once.
 
 A probe of rejected speculation is a burst that lasts until it has measured ``PROBE_BURST`` speculative
 steps, as sustained speculation would run them (the plan may decode plainly in some of its steps: counted
@@ -461,12 +460,12 @@ def _probe_scale(vs_plain: float | None, catch_up: float = 0.0, winning: bool = 
     that cost beyond an ordinary speculative step, in plain steps, as the last probes measured it), so the
     shortfall is the whole burst's, over ``PROBE_BURST``. The catch-up grows with the batch and its contexts
     (the draft model prefills every request's lag): 0.55 plain steps at 32 prose requests, T = 0.7, where a
-    burst's steps that lost 15% fall 2.4 plain steps short of the bar. Winning speculation: plain steps at
-    ``min(1, 2 x REQUIRED_GAIN / gain)`` of the rate, rarer the more it wins (at batch 1, where it ran 1.5-1.9x
-    plain decode, each plain probe gave up half a step's tokens and made the draft model catch up in the next:
-    5% of them cost ~3% of the throughput). Either way the throughput that probing is expected to cost, the
-    probed share times what that arm loses per step, stays below probe_rate x 2 x ``REQUIRED_GAIN`` (0.5% at the
-    default rate).
+    burst's steps that lost 15% fall 2.4 plain steps short of the bar. Winning speculation (``winning``: over
+    its bar, or kept down to break-even): plain steps at ``min(1, 2 x REQUIRED_GAIN / gain)`` of the rate,
+    rarer the more it wins (at batch 1, where it ran 1.5-1.9x plain decode, each plain probe gave up half a
+    step's tokens and made the draft model catch up in the next: 5% of them cost ~3% of the throughput).
+    Either way the throughput that probing is expected to cost, the probed share times what that arm loses per
+    step, stays below probe_rate x 2 x ``REQUIRED_GAIN`` (0.5% at the default rate).
     """
     if not vs_plain:
         return 1.0
