@@ -130,9 +130,9 @@ class AdaptivePolicy(LearningPolicy):
         if evidence is None:
             return plain
         speculative = plan_batch(candidates, coeffs, 0, self.settings.hysteresis, speculate=True)
-        if evidence == "wins" or speculative.goodput >= NEAR_TIE * plain.goodput:
+        if (evidence == "wins" or speculative.goodput >= NEAR_TIE * plain.goodput
+                or not self.guard.decline_probe(load, self.batch_temperature)):
             return speculative
-        self.guard.decline_probe(load, self.batch_temperature)
         return plain
 
     def _with_named_proposers(self, requests: tuple[RequestView, ...], decisions: list[Decision]) -> list[Decision]:

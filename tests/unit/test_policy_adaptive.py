@@ -132,9 +132,15 @@ def test_a_probe_burst_the_model_declines_ends_at_once() -> None:
     crowd = BatchView(tuple(view(f"r{index}") for index in range(64)))
     for _ in range(16):
         policy.decide(crowd)  # all plain: plans are sampled from now on
+    losing = StepTiming(64, 128, 0.02, 64, 0.004, 64, 1, step_seconds=0.024, num_generated=80)
     for _ in range(24):  # speculation measured slower than plain decode at 64 requests: rejected, and probed
         policy.observe_step(StepTiming(64, 64, 0.01, step_seconds=0.01, num_generated=64))
-        policy.observe_step(StepTiming(64, 128, 0.02, 64, 0.004, 64, 1, step_seconds=0.024, num_generated=80))
+        policy.observe_step(losing)
+    while not policy.guard.probing(64, 0.0):  # the rejection's first burst confirms it whatever the model predicts
+        policy.decide(crowd)
+    while policy.guard.probing(64, 0.0):
+        assert {d.k for d in policy.decide(crowd)} != {0}
+        policy.observe_step(losing)
     planned = 0
     for _ in range(400):  # bursts start at 0.2 / 12 per step: ~7 of them
         assert {d.k for d in policy.decide(crowd)} == {0}

@@ -615,7 +615,8 @@ def test_the_evidence_on_speculation_the_plan_may_be_overruled_by() -> None:
 
 def test_a_declined_probe_ends_only_before_its_first_speculative_step() -> None:
     """The plan may decline a probe burst (its model predicts speculation far below plain decode): one that has
-    not speculated yet ends unmeasured; one whose draft model already caught up goes on measuring."""
+    not speculated yet ends unmeasured; one whose draft model already caught up goes on measuring. A rejection's
+    first burst, its confirming probe, may not be declined."""
     guard = GoodputGuard()
     for _ in range(SURE):
         guard.observe(step(8, False, 8, 0.010))
@@ -623,7 +624,14 @@ def test_a_declined_probe_ends_only_before_its_first_speculative_step() -> None:
     rng = random.Random(0)
     while "draft" not in guard.allowed_proposers(8, 0.0, rng, 1.0):
         pass
-    guard.decline_probe(8, 0.0)
+    assert not guard.decline_probe(8, 0.0)  # the rejection's first burst: the plan must speculate in it
+    assert guard.probing(8, 0.0)
+    for _ in range(SAMPLES + 1):  # its catch-up and its measured steps: it loses again, the rejection stands
+        guard.observe(step(8, True, 6, 0.010))
+    assert not guard.probing(8, 0.0)
+    while "draft" not in guard.allowed_proposers(8, 0.0, rng, 1.0):
+        pass
+    assert guard.decline_probe(8, 0.0)
     assert not guard.probing(8, 0.0)
     assert "draft" not in guard.allowed_proposers(8, 0.0, rng, 0.0)
     while "draft" not in guard.allowed_proposers(8, 0.0, rng, 1.0):
