@@ -37,7 +37,8 @@ speculation that ran 1.2x plain decode (batch 4, T = 1) read 0.85x, and the reje
 A rejection no probe has checked yet (sustained speculation can lose on a transient: four prompts arriving
 at once, each draft-prefilled in one step) gets one probe burst at ``MAX_PROBE_BOOST`` times the rate. The
 plan may decline a burst (`decline_probe`: its model predicts speculation far below plain decode); one that
-has not speculated yet then ends, since it would measure nothing.
+has not speculated yet then ends, since it would measure nothing. That one boosted burst, the rejection's
+confirming probe, is the exception: the plan must speculate in it (see `decline_probe`).
 
 Speculative steps are kept apart by route: those where the draft model proposed (alone or beside
 n-gram lookups) and those where only n-gram lookups did. An n-gram proposal costs no model pass, so
