@@ -217,12 +217,13 @@ class GoodputGuard:
         route = "draft" if timing.num_draft_tokens > 0 else "ngram"
         key = (batch_bucket(timing.batch_size), temperature_bucket(temperature), route)
         probe = self._probes.get(key)
-        if probe is not None and probe.catching_up:
-            probe.catching_up = False  # what the draft model missed while speculation was rejected: sunk
-            self._observe_catch_up(key, timing)
-            return
-        if probe is None and key not in self._speculative and timing.num_draft_catch_up_tokens > 0:
-            self._speculative[key] = _Arm()  # the first figure starts after the switch into speculation, as a probe's
+        first = probe is None and key not in self._speculative and timing.num_draft_catch_up_tokens > 0
+        if first or (probe is not None and probe.catching_up):
+            # the switch into speculation (a first figure's, or a probe's after a rejection): sunk, not measured
+            if probe is not None:
+                probe.catching_up = False
+            else:
+                self._speculative[key] = _Arm()
             self._observe_catch_up(key, timing)
             return
         arm = probe if probe is not None else self._speculative.setdefault(key, _Arm())
