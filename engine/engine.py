@@ -195,14 +195,15 @@ class LLMEngine:
                 num_generated += self._commit(request, [token], rows)
         num_tokens = sum(len(c.token_ids) for c in chunks)
         step_seconds = time.perf_counter() - start
-        if not sched.prefills:  # the cost model predicts decode/verify steps; prefill chunks would skew its fit
+        if plans:  # a step of prefill chunks alone is nobody's decode: speculation or not, it costs the same
             self.policy.observe_step(StepTiming(
-                batch_size=len(chunks), num_tokens=num_tokens, target_seconds=target_seconds,
+                batch_size=len(plans), num_tokens=num_tokens, target_seconds=target_seconds,
                 num_draft_tokens=sum(len(p.draft_tokens) for p in plans if p.proposer == "draft"),
                 draft_seconds=draft_seconds, num_draft_requests=num_draft_requests,
                 num_draft_catch_up_tokens=num_catch_up,
                 num_draft_passes=max((len(p.draft_tokens) for p in plans if p.proposer == "draft"), default=0),
-                step_seconds=step_seconds, num_generated=num_generated))
+                step_seconds=step_seconds, num_generated=num_generated,
+                num_prefill_tokens=sum(c.num_tokens for c in sched.prefills), num_prefilling=len(sched.prefills)))
         self.stats.observe_step(len(chunks), num_tokens, step_seconds, num_generated)
         return self._collect(list(self.requests.values()))
 

@@ -47,7 +47,7 @@ from policies.base import BatchView, Decision, ProposerName, RequestView
 from policies.cost_model import CostCoefficients
 from policies.fixed import PLAIN, fixed_decision
 from policies.goodput import BatchPlan, Candidate, plan_batch, with_probe
-from policies.guard import ALL_PROPOSERS, batch_bucket
+from policies.guard import ALL_PROPOSERS, batch_bucket, measures_step
 from policies.learning import LearnedState, LearningPolicy
 from policies.settings import PolicySettings
 
@@ -84,9 +84,10 @@ class AdaptivePolicy(LearningPolicy):
             self.last_plan = None
             return self._with_named_proposers(requests, [PLAIN] * len(requests))
         # asked before planning: where speculation measurably loses, planning is waste. The guard judges by load,
-        # not by this step's decodes: while a batch ramps up, prefill steps (which it never measures) would
-        # otherwise speculate with the verdict of a batch size the steady batch does not have.
-        allowed = self._allowed_proposers(batch.load, measured=batch.num_prefilling == 0,
+        # not by this step's decodes: while a batch ramps up, its steps would otherwise speculate with the
+        # verdict of a batch size the steady batch does not have.
+        measured = measures_step(len(requests), batch.num_prefilling)
+        allowed = self._allowed_proposers(batch.load, measured, batch.num_prefilling,
                                           probe_boost=1.0 / REPLAN_RATE if sampled else 1.0)
         if not allowed:
             self.last_plan = None
@@ -94,7 +95,7 @@ class AdaptivePolicy(LearningPolicy):
         candidates = [self._candidate(view, allowed) for view in requests]
         coeffs = self.cost_model.coefficients()
         plan = plan_batch(candidates, coeffs, batch.num_prefill_tokens, self.settings.hysteresis)
-        if not any(plan.ks) and batch.num_prefilling == 0 and self.settings.goodput_guard:
+        if not any(plan.ks) and measured and self.settings.goodput_guard:
             plan = self._measured_speculation(batch.load, candidates, coeffs, plan)
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
@@ -112,14 +113,14 @@ class AdaptivePolicy(LearningPolicy):
         super().forget(request_id)
         self._previous.pop(request_id, None)
 
-    def _allowed_proposers(self, batch_size: int, measured: bool, probe_boost: float) -> frozenset[str]:
+    def _allowed_proposers(self, batch_size: int, measured: bool, joining: int, probe_boost: float) -> frozenset[str]:
         """The goodput guard's measured verdicts override the model's plan (see policies/guard.py).
         ``probe_boost``: where only sampled steps ask, each asks at that many times the probe rate."""
         settings = self.settings
         if not settings.goodput_guard:
             return ALL_PROPOSERS
         return self.guard.allowed_proposers(batch_size, self.batch_temperature, self._rng,
-                                            settings.guard_probe_rate * probe_boost, measured)
+                                            settings.guard_probe_rate * probe_boost, measured, joining)
 
     def _measured_speculation(self, load: int, candidates: list[Candidate], coeffs: CostCoefficients,
                               plain: BatchPlan) -> BatchPlan:

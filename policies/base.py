@@ -63,9 +63,9 @@ class RoundOutcome:
 
 @dataclass(frozen=True)
 class StepTiming:
-    """Measured wall time of one engine step, for the online cost model."""
+    """Measured wall time of one engine step with at least one decode, for the cost model and the goodput guard."""
 
-    batch_size: int  # requests in the verification/decode forward pass
+    batch_size: int  # decoding (and verifying) requests in the target's forward pass
     num_tokens: int  # tokens fed to the target in that pass (decode + drafts + prefill)
     target_seconds: float
     num_draft_tokens: int = 0  # tokens the draft model produced (for its per-token cost)
@@ -74,7 +74,14 @@ class StepTiming:
     num_draft_passes: int = 0  # sequential draft forward passes (max k of the draft users); 0 = unknown
     num_draft_catch_up_tokens: int = 0  # tokens the draft model fed beyond one per request (prefill, catch-up)
     step_seconds: float = 0.0  # the whole step (planning, drafting, verifying, committing); 0 = unknown
-    num_generated: int = 0  # tokens the step emitted (accepted drafts + one per request)
+    num_generated: int = 0  # tokens the step emitted (accepted drafts + one per request, and prefills' first)
+    num_prefill_tokens: int = 0  # tokens of prefill chunks that shared the pass (the cost model fits none)
+    num_prefilling: int = 0  # requests whose prompt chunks shared the pass
+
+    @property
+    def speculative(self) -> bool:
+        """Whether the step fed drafts to the target."""
+        return self.num_tokens - self.num_prefill_tokens > self.batch_size
 
 
 class SpeculationPolicy(Protocol):

@@ -210,9 +210,10 @@ class CostModel:
         self._draft_override = draft_override
 
     def observe(self, timing: StepTiming) -> None:
-        if timing.batch_size <= 0 or not math.isfinite(timing.target_seconds) or timing.target_seconds <= 0:
+        if (timing.batch_size <= 0 or not math.isfinite(timing.target_seconds) or timing.target_seconds <= 0
+                or timing.num_prefill_tokens):  # it predicts decode/verify steps: prefill chunks would skew its fit
             return
-        verifies = float(timing.num_tokens > timing.batch_size)  # observed steps carry no prefill
+        verifies = float(timing.speculative)
         self._target.window.add((1.0, timing.batch_size, timing.num_tokens, verifies), timing.target_seconds)
         if timing.num_draft_requests > 0 and timing.num_draft_tokens > 0 and timing.draft_seconds > 0:
             passes = timing.num_draft_passes or math.ceil(timing.num_draft_tokens / timing.num_draft_requests)

@@ -62,9 +62,26 @@ speculation at batch 16 looked 25% faster than plain decode when it was break-ev
 whose plain steps are not measured takes the cost model's plain step time, scaled by how the model
 erred at the measured sizes of the same bucket.
 
+Steps that requests join (their prompts' prefill chunks share the pass) count too, less what the prompts
+cost. A joining prompt costs plain and speculative decode alike, but speculation pays more in such steps (its
+draft model catches up on prompts that joined the step before), and it has more of them, since it finishes
+requests sooner: at 32 prose clients, T = 1, they were 65-70% of fixed draft k = 2's time (48% of ``off``'s).
+On steps without prefill alone, draft k = 2 read 0.98-1.02x ``off`` while whole runs read 0.95-0.97x, and the
+adaptive policy, judging by those steps, drafted in 83-93% of request-steps at 0.93x ``off``. What prompts
+cost is measured on plain steps: what as many joining prompts (``JOINING_CLASSES``) added to a plain step of
+its batch size, per batch-size bucket. Until that is known, such steps decode plainly at
+``MEASURE_PLAIN_RATE``, and speculative ones are left out. Two ways that did not work: joined steps' whole
+times in the plain arms (a plain step that a prompt joined, at 8 code requests, took 100 ms against 29, and
+through the plain step times and the calibration of the cost model's stand-ins speculation read 1.6-3.6x
+plain decode); and pairing each speculative step with plain steps that as many prompts joined, which charged
+plain decode the prompts at speculation's pace, more per token than it pays (speculation read 1.4-2x plain
+decode where it ran 1.0-1.2x ``off``). A burst of prompts arriving at once (more joining than 1 +
+``MAX_JOINING_SHARE`` of the decoding requests) is no regime's cost and is left out (`measures_step`), as
+is a step of prefill alone.
+
 Both arms must stay measured for the comparison to stay true, so a fraction ``probe_rate`` of the
-decisions takes the other arm, never in steps shared with prefill chunks, which the guard does not
-measure, and which speculate only where speculation has a settled winning verdict. Rejected speculation
+decisions takes the other arm, never in steps the guard leaves out, which speculate only where
+speculation has a settled winning verdict. Rejected speculation
 is probed at a rate scaled by what a probe is expected to lose: up to ``MAX_PROBE_BOOST`` times
 ``probe_rate`` where it fell just short of its bar (probing it costs next to nothing there, and a verdict
 that noise turned against it must not stick: with one burst per ~240 steps, a cell of 40-step runs
@@ -132,6 +149,8 @@ MIN_SPECULATIVE_SAMPLES = PROBE_BURST  # speculative steps before their rate cou
 SURE_SAMPLES = 2 * MIN_SPECULATIVE_SAMPLES  # speculative steps before a near miss of the bar rejects speculation
 NEAR_MISS = 1.0 - 2 * REQUIRED_GAIN  # speculation at or above this ratio to plain decode only just missed its bar
 CATCH_UP_WEIGHT = 0.25  # weight of the newest probe's catch-up cost in its average
+MAX_JOINING_SHARE = 0.25  # steps where more requests join (prefill) than 1 + this share of those decoding: unmeasured
+JOINING_CLASSES = 3  # plain steps prompts joined are kept apart by how many joined: 1, 2, 3 or more
 REGIME_SHIFT = 0.2  # plain decode's rate moved this much since rejected speculation was measured: measure it again
 ALL_PROPOSERS: frozenset[str] = frozenset(PROPOSERS)
 NO_PROPOSERS: frozenset[str] = frozenset()
@@ -140,6 +159,16 @@ NGRAM_ONLY: frozenset[str] = frozenset({"ngram"})
 
 
 PlainEstimate = Callable[[int], float]  # batch size -> predicted seconds of a plain-decode step
+
+
+def measures_step(num_decodes: int, num_prefilling: int) -> bool:
+    """Whether the guard measures a step of ``num_decodes`` decoding requests beside ``num_prefilling`` prefilling
+    ones: steady traffic, a few requests joining a running batch, but not a burst of prompts arriving at once."""
+    return num_decodes > 0 and num_prefilling <= 1 + num_decodes * MAX_JOINING_SHARE
+
+
+def _joining_key(bucket: int, num_prefilling: int) -> tuple[int, int]:
+    return bucket, min(num_prefilling, JOINING_CLASSES)
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -163,7 +192,7 @@ class _Arm:
     catching_up: bool = False  # draft-route probes: the first speculative step (the draft's catch-up) is still due
     confirming: bool = False  # probes: the first of a rejection, which the plan may not decline
 
-    def add(self, tokens: int, seconds: float, batch_size: int, plain_seconds: float | None = None,
+    def add(self, tokens: float, seconds: float, batch_size: int, plain_seconds: float | None = None,
             plain_measured: bool = False) -> None:
         """One step; ``plain_seconds``: speculative steps' counterpart, a plain step of ``batch_size`` right now."""
         w = max(EWMA_WEIGHT, 1.0 / (self.samples + 1))  # a plain mean until the EWMA's horizon is filled
@@ -197,25 +226,42 @@ class GoodputGuard:
         stand-in for batch sizes whose plain steps are not measured yet (`LearnedState` wires in its cost model)."""
         self.plain_estimate = plain_estimate
         self._plain: dict[int, dict[int, _Arm]] = {}  # per batch-size bucket, per batch size
+        # what prompts joining a plain step added to it: (batch bucket, joining class) -> tokens and seconds beyond a
+        # plain step of its batch size without them (a prompt's prefill costs about the same at any batch size)
+        self._joining: dict[tuple[int, int], _Arm] = {}
         self._speculative: dict[tuple[int, int, str], _Arm] = {}  # (batch bucket, T bucket, route)
         self._burst_left: dict[tuple[int, int, str], int] = {}  # steps left of a speculative probe burst
         self._probes: dict[tuple[int, int, str], _Arm] = {}  # the speculative steps of a probe, measured afresh
         self._catch_up: dict[int, float] = {}  # per batch-size bucket: a draft probe's catch-up, in plain steps extra
 
     def observe(self, timing: StepTiming, temperature: float = 0.0) -> None:
-        """Record one decode/verify step (no prefill); speculative iff it fed drafts to the target.
+        """Record one step with decodes (and perhaps prompts joining); speculative iff it fed drafts to the target.
 
         ``temperature``: the mean sampling temperature of the step's requests.
         """
-        if timing.step_seconds <= 0 or not math.isfinite(timing.step_seconds) or timing.batch_size <= 0:
+        if (timing.step_seconds <= 0 or not math.isfinite(timing.step_seconds)
+                or not measures_step(timing.batch_size, timing.num_prefilling)):
             return
         sample = (timing.num_generated, timing.step_seconds, timing.batch_size)
-        if timing.num_tokens <= timing.batch_size:
-            sizes = self._plain.setdefault(batch_bucket(timing.batch_size), {})
-            sizes.setdefault(timing.batch_size, _Arm()).add(*sample)
+        bucket = batch_bucket(timing.batch_size)
+        if not timing.speculative and not timing.num_prefilling:
+            self._plain.setdefault(bucket, {}).setdefault(timing.batch_size, _Arm()).add(*sample)
             return
+        plain_seconds, plain_measured = self._plain_seconds(bucket)
+        if timing.num_prefilling:
+            plain = plain_seconds(timing.batch_size)
+            if plain is None:
+                return
+            joining = self._joining.setdefault(_joining_key(bucket, timing.num_prefilling), _Arm())
+            if not timing.speculative:
+                joining.add(timing.num_generated - timing.batch_size, timing.step_seconds - plain, timing.batch_size)
+                return
+            if joining.samples < MIN_SAMPLES:
+                return  # what the prompts cost is unknown: nothing to take off
+            # the prompts' prefill, as it costs plain decode, taken off: what remains is the decode step speculation ran
+            sample = (timing.num_generated - joining.tokens, timing.step_seconds - joining.seconds, timing.batch_size)
         route = "draft" if timing.num_draft_tokens > 0 else "ngram"
-        key = (batch_bucket(timing.batch_size), temperature_bucket(temperature), route)
+        key = (bucket, temperature_bucket(temperature), route)
         probe = self._probes.get(key)
         first = probe is None and key not in self._speculative and timing.num_draft_catch_up_tokens > 0
         if first or (probe is not None and probe.catching_up):
@@ -227,7 +273,6 @@ class GoodputGuard:
             self._observe_catch_up(key, timing)
             return
         arm = probe if probe is not None else self._speculative.setdefault(key, _Arm())
-        plain_seconds, plain_measured = self._plain_seconds(key[0])
         arm.add(*sample, plain_seconds=plain_seconds(timing.batch_size), plain_measured=plain_measured)
         arm.plain_reference = _mix_rate(arm.sizes, plain_seconds) or 0.0
         if probe is not None and probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
@@ -248,15 +293,19 @@ class GoodputGuard:
         self._catch_up[key[0]] = extra if known is None else known + CATCH_UP_WEIGHT * (extra - known)
 
     def allowed_proposers(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float,
-                          measured: bool = True) -> frozenset[str]:
+                          measured: bool = True, joining: int = 0) -> frozenset[str]:
         """The proposers this step may use: both, the n-gram one only (the draft route lost here, n-gram
         speculation did not), or none (plain decode). Asked before planning; ``temperature``: the batch's mean.
 
-        ``measured=False`` for a step the guard will not see (it shares the pass with prefill chunks): it
+        ``joining``: requests whose prompts share the step. ``measured=False`` for a step the guard will not see (a
+        burst of prompts arriving, see `measures_step`): it
         speculates only where speculation has a settled winning verdict, and never probes, since a probe there
         would teach nothing and would make the draft model prefill the whole batch on top of the target's prefill.
         """
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
+        if (measured and joining and rng.random() < MEASURE_PLAIN_RATE
+                and self._joining.get(_joining_key(key[0], joining), _Arm()).samples < MIN_SAMPLES):
+            return NO_PROPOSERS  # what joining prompts cost a plain step here is unknown: measure it
         draft, draft_verdict = self._route_decision((*key, "draft"), rng, probe_rate, measured)
         if draft == "plain":
             return NO_PROPOSERS

@@ -92,9 +92,9 @@ def test_unplanned_steps_skip_the_guard_and_sampled_ones_ask_it_at_a_boosted_pro
     asked = policy.guard.allowed_proposers
     rates = []
 
-    def allowed_proposers(batch_size, temperature, rng, probe_rate, measured=True):  # type: ignore[no-untyped-def]
+    def allowed_proposers(batch_size, temperature, rng, probe_rate, measured=True, joining=0):  # type: ignore[no-untyped-def]
         rates.append(probe_rate)
-        return asked(batch_size, temperature, rng, probe_rate, measured)
+        return asked(batch_size, temperature, rng, probe_rate, measured, joining)
 
     policy.guard.allowed_proposers = allowed_proposers  # type: ignore[method-assign]
     for _ in range(16 + 400):

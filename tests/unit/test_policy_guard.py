@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -22,6 +23,7 @@ from policies.guard import (
     DRAFT_ONLY,
     MAX_PROBE_BOOST,
     MEASURE_PLAIN_RATE,
+    MIN_SAMPLES,
     MIN_SPECULATIVE_SAMPLES,
     NEAR_MISS,
     PROBE_BURST,
@@ -30,6 +32,7 @@ from policies.guard import (
     SURE_SAMPLES,
     GoodputGuard,
     batch_bucket,
+    measures_step,
 )
 from policies.simulate import SimCost, simulate
 
@@ -154,8 +157,75 @@ def test_the_guard_judges_a_ramping_batch_by_its_load() -> None:
     assert all(d.k == 0 for _ in range(20) for d in policy.decide(ramping))
 
 
-def test_steps_shared_with_prefill_speculate_only_on_a_winning_verdict_and_never_probe() -> None:
-    """The guard never measures them, and a probe there would add the draft's prefill of the whole batch."""
+def joining(timing: StepTiming, num_prefilling: int, prompt_tokens: int = 150) -> StepTiming:
+    """``timing`` with ``num_prefilling`` requests' prompts sharing the pass (and their first tokens emitted)."""
+    return dataclasses.replace(timing, num_tokens=timing.num_tokens + num_prefilling * prompt_tokens,
+                               num_prefill_tokens=num_prefilling * prompt_tokens, num_prefilling=num_prefilling,
+                               num_generated=timing.num_generated + num_prefilling)
+
+
+def test_steps_a_request_joins_are_measured_as_their_regime_runs_them() -> None:
+    """Speculation whose steps without prefill win, but whose steps prompts join (the draft model catching up on
+    them beside the target's prefill) lose more, loses: what clients get is the whole of it. The prompts' own
+    cost, the same under plain decode, is taken off: what two joining prompts added to plain steps."""
+    guard = GoodputGuard()
+    for timing in [step(24, False, 24, 0.040), joining(step(24, False, 24, 0.078), 2)]:
+        for _ in range(MIN_SAMPLES):  # plain steps, then what two joining prompts add to them
+            guard.observe(timing)
+    for _ in range(SURE):
+        guard.observe(step(24, False, 24, 0.040))
+        guard.observe(step(24, True, 52, 0.070))  # 1.24x plain on its own
+        guard.observe(joining(step(24, True, 52, 0.210), 2))  # 0.83x the plain steps two prompts joined
+    [bucket] = guard.summary()
+    assert bucket["plain"]["steps"] == MIN_SAMPLES + SURE  # the joined steps are kept apart
+    assert bucket["speculative"]["draft"]["T=0"]["steps"] == 2 * SURE
+    # each joined step less what two prompts add to a plain one (2 tokens, 38 ms): 52 tokens in 172 ms
+    assert bucket["speculative"]["draft"]["T=0"]["vs_plain"] == pytest.approx(52 / 0.121 / (24 / 0.040), rel=0.02)
+    assert "draft" not in guard.allowed_proposers(24, 0.0, random.Random(0), 0.0)
+
+
+def test_a_joined_speculative_step_with_no_plain_counterpart_is_left_out() -> None:
+    guard = GoodputGuard()
+    for _ in range(SAMPLES):
+        guard.observe(step(24, False, 24, 0.040))
+        guard.observe(joining(step(24, False, 24, 0.078), 1))
+        guard.observe(joining(step(24, True, 52, 0.5), 2))  # no plain step two prompts joined: unpaired
+    assert guard.summary()[0]["speculative"] == {}
+
+
+def test_steps_prompts_join_decode_plainly_now_and_then_until_what_joining_costs_is_measured() -> None:
+    guard = GoodputGuard()
+    for _ in range(SAMPLES):
+        guard.observe(step(24, False, 24, 0.040))
+        guard.observe(step(24, True, 60, 0.050))  # speculation wins clearly
+    rng = random.Random(0)
+    plain = sum(not guard.allowed_proposers(24, 0.0, rng, 0.0, joining=1) for _ in range(1000))
+    assert plain == pytest.approx(1000 * MEASURE_PLAIN_RATE, rel=0.25)
+    for _ in range(MIN_SAMPLES):
+        guard.observe(joining(step(24, False, 24, 0.070), 1))
+    assert all(guard.allowed_proposers(24, 0.0, rng, 0.0, joining=1) for _ in range(1000))
+    assert any(not guard.allowed_proposers(24, 0.0, rng, 0.0, joining=2) for _ in range(100))  # 2 joining: unknown
+
+
+def test_a_burst_of_arriving_prompts_is_not_measured() -> None:
+    guard = GoodputGuard()
+    guard.observe(joining(step(8, False, 8, 0.4), 16, prompt_tokens=128))  # more join than 1 + a quarter of 8
+    guard.observe(joining(step(8, True, 8, 0.4), 16))
+    assert guard.summary() == []
+    assert measures_step(8, 3) and not measures_step(8, 4) and measures_step(1, 1) and not measures_step(0, 1)
+
+
+def test_the_cost_model_fits_no_step_shared_with_prefill() -> None:
+    state = LearnedState()
+    state.cost_model.observe(joining(step(8, False, 8, 0.05), 1))
+    assert state.cost_model.fit_summary()["num_observations"] == 0
+    state.cost_model.observe(step(8, False, 8, 0.01))
+    assert state.cost_model.fit_summary()["num_observations"] == 1
+
+
+def test_steps_the_guard_leaves_out_speculate_only_on_a_winning_verdict_and_never_probe() -> None:
+    """Steps the guard leaves out (a burst of prompts arriving) speculate only on a winning verdict: a probe there
+    would teach nothing, and would add the draft's prefill of the whole batch."""
     guard = GoodputGuard()
     for _ in range(SAMPLES):
         guard.observe(step(8, False, 8, 0.010))
