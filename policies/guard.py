@@ -150,7 +150,7 @@ SURE_SAMPLES = 2 * MIN_SPECULATIVE_SAMPLES  # speculative steps before a near mi
 NEAR_MISS = 1.0 - 2 * REQUIRED_GAIN  # speculation at or above this ratio to plain decode only just missed its bar
 CATCH_UP_WEIGHT = 0.25  # weight of the newest probe's catch-up cost in its average
 MAX_JOINING_SHARE = 0.25  # steps where more requests join (prefill) than 1 + this share of those decoding: unmeasured
-JOINING_CLASSES = 3  # plain steps prompts joined are kept apart by how many joined: 1, 2, 3 or more
+JOINING_CLASSES = 3  # what joining prompts cost plain steps is kept per how many joined: 1, 2, 3 or more
 REGIME_SHIFT = 0.2  # plain decode's rate moved this much since rejected speculation was measured: measure it again
 ALL_PROPOSERS: frozenset[str] = frozenset(PROPOSERS)
 NO_PROPOSERS: frozenset[str] = frozenset()
@@ -256,7 +256,7 @@ class GoodputGuard:
             if not timing.speculative:
                 joining.add(timing.num_generated - timing.batch_size, timing.step_seconds - plain, timing.batch_size)
                 return
-            if joining.samples < MIN_SAMPLES:
+            if joining.samples < MIN_SAMPLES or timing.step_seconds <= joining.seconds:
                 return  # what the prompts cost is unknown: nothing to take off
             # the prompts' prefill, as it costs plain decode, taken off: what remains is the decode step speculation ran
             sample = (timing.num_generated - joining.tokens, timing.step_seconds - joining.seconds, timing.batch_size)
@@ -270,7 +270,7 @@ class GoodputGuard:
                 probe.catching_up = False
             else:
                 self._speculative[key] = _Arm()
-            self._observe_catch_up(key, timing)
+            self._observe_catch_up(key, timing.batch_size, sample[1])
             return
         arm = probe if probe is not None else self._speculative.setdefault(key, _Arm())
         arm.add(*sample, plain_seconds=plain_seconds(timing.batch_size), plain_measured=plain_measured)
@@ -280,15 +280,15 @@ class GoodputGuard:
             self._burst_left[key] = 0
             probe.probed = True
 
-    def _observe_catch_up(self, key: tuple[int, int, str], timing: StepTiming) -> None:
+    def _observe_catch_up(self, key: tuple[int, int, str], batch_size: int, seconds: float) -> None:
         """What a probe's catch-up step cost beyond an ordinary speculative step, in plain steps: not part of
         the probe's figure (sustained speculation does not pay it), but of what the next probe will cost."""
-        plain = self._plain_seconds(key[0])[0](timing.batch_size)
+        plain = self._plain_seconds(key[0])[0](batch_size)
         if not plain:
             return
         rejected = self._speculative.get(key)
         ordinary = rejected.seconds if rejected is not None and rejected.samples else plain
-        extra = max(0.0, (timing.step_seconds - ordinary) / plain)
+        extra = max(0.0, (seconds - ordinary) / plain)
         known = self._catch_up.get(key[0])
         self._catch_up[key[0]] = extra if known is None else known + CATCH_UP_WEIGHT * (extra - known)
 
