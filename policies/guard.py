@@ -68,9 +68,10 @@ draft model catches up on prompts that joined the step before), and it has more 
 requests sooner: at 32 prose clients, T = 1, they were 65-70% of fixed draft k = 2's time (48% of ``off``'s).
 On steps without prefill alone, draft k = 2 read 0.98-1.02x ``off`` while whole runs read 0.95-0.97x, and the
 adaptive policy, judging by those steps, drafted in 83-93% of request-steps at 0.93x ``off``. What prompts
-cost is measured on plain steps: what as many joining prompts (``JOINING_CLASSES``) added to a plain step of
-its batch size, per batch-size bucket. Until that is known, such steps decode plainly at
-``MEASURE_PLAIN_RATE``, and speculative ones are left out. Two ways that did not work: joined steps' whole
+cost is measured on plain steps, per batch-size bucket: what joining prompts added to a plain step of its
+batch size, per prompt token (code prompts differ in length by up to ten times). Until that is known, such
+steps decode plainly at ``MEASURE_PLAIN_RATE``, and speculative ones are left out. Two ways that did not work:
+joined steps' whole
 times in the plain arms (a plain step that a prompt joined, at 8 code requests, took 100 ms against 29, and
 through the plain step times and the calibration of the cost model's stand-ins speculation read 1.6-3.6x
 plain decode); and pairing each speculative step with plain steps that as many prompts joined, which charged
@@ -150,7 +151,6 @@ SURE_SAMPLES = 2 * MIN_SPECULATIVE_SAMPLES  # speculative steps before a near mi
 NEAR_MISS = 1.0 - 2 * REQUIRED_GAIN  # speculation at or above this ratio to plain decode only just missed its bar
 CATCH_UP_WEIGHT = 0.25  # weight of the newest probe's catch-up cost in its average
 MAX_JOINING_SHARE = 0.25  # steps where more requests join (prefill) than 1 + this share of those decoding: unmeasured
-JOINING_CLASSES = 3  # what joining prompts cost plain steps is kept per how many joined: 1, 2, 3 or more
 REGIME_SHIFT = 0.2  # plain decode's rate moved this much since rejected speculation was measured: measure it again
 ALL_PROPOSERS: frozenset[str] = frozenset(PROPOSERS)
 NO_PROPOSERS: frozenset[str] = frozenset()
@@ -165,10 +165,6 @@ def measures_step(num_decodes: int, num_prefilling: int) -> bool:
     """Whether the guard measures a step of ``num_decodes`` decoding requests beside ``num_prefilling`` prefilling
     ones: steady traffic, a few requests joining a running batch, but not a burst of prompts arriving at once."""
     return num_decodes > 0 and num_prefilling <= 1 + num_decodes * MAX_JOINING_SHARE
-
-
-def _joining_key(bucket: int, num_prefilling: int) -> tuple[int, int]:
-    return bucket, min(num_prefilling, JOINING_CLASSES)
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -216,6 +212,32 @@ class _Arm:
         return self.plain_tokens / self.plain_seconds if self.plain_seconds > 0 else 0.0
 
 
+@dataclass
+class _Joining:
+    """What prompts joining plain steps added to them: seconds per prompt token (prompts differ in length by up to
+    ten times) and tokens per joining request (its first token, once its whole prompt is in), as EWMAs."""
+
+    prompt_tokens: float = 0.0
+    extra_seconds: float = 0.0
+    requests: float = 0.0
+    extra_tokens: float = 0.0
+    samples: int = 0
+
+    def add(self, timing: StepTiming, extra_seconds: float) -> None:
+        w = max(EWMA_WEIGHT, 1.0 / (self.samples + 1))
+        self.prompt_tokens += w * (timing.num_prefill_tokens - self.prompt_tokens)
+        self.extra_seconds += w * (extra_seconds - self.extra_seconds)
+        self.requests += w * (timing.num_prefilling - self.requests)
+        self.extra_tokens += w * (timing.num_generated - timing.batch_size - self.extra_tokens)
+        self.samples += 1
+
+    def seconds(self, prompt_tokens: int) -> float:
+        return prompt_tokens * self.extra_seconds / self.prompt_tokens if self.prompt_tokens > 0 else 0.0
+
+    def tokens(self, requests: int) -> float:
+        return requests * self.extra_tokens / self.requests if self.requests > 0 else 0.0
+
+
 class GoodputGuard:
     """Realised tokens/s of plain steps per batch size, and of speculative steps per batch-size
     bucket, temperature bucket (acceptance, so what speculation yields, changes with T; plain decode
@@ -226,9 +248,8 @@ class GoodputGuard:
         stand-in for batch sizes whose plain steps are not measured yet (`LearnedState` wires in its cost model)."""
         self.plain_estimate = plain_estimate
         self._plain: dict[int, dict[int, _Arm]] = {}  # per batch-size bucket, per batch size
-        # what prompts joining a plain step added to it: (batch bucket, joining class) -> tokens and seconds beyond a
-        # plain step of its batch size without them (a prompt's prefill costs about the same at any batch size)
-        self._joining: dict[tuple[int, int], _Arm] = {}
+        # per batch-size bucket: what prompts joining plain steps added to them, beyond a plain step of the batch size
+        self._joining: dict[int, _Joining] = {}
         self._speculative: dict[tuple[int, int, str], _Arm] = {}  # (batch bucket, T bucket, route)
         self._burst_left: dict[tuple[int, int, str], int] = {}  # steps left of a speculative probe burst
         self._probes: dict[tuple[int, int, str], _Arm] = {}  # the speculative steps of a probe, measured afresh
@@ -252,14 +273,16 @@ class GoodputGuard:
             plain = plain_seconds(timing.batch_size)
             if plain is None:
                 return
-            joining = self._joining.setdefault(_joining_key(bucket, timing.num_prefilling), _Arm())
+            joining = self._joining.setdefault(bucket, _Joining())
             if not timing.speculative:
-                joining.add(timing.num_generated - timing.batch_size, timing.step_seconds - plain, timing.batch_size)
+                joining.add(timing, timing.step_seconds - plain)
                 return
-            if joining.samples < MIN_SAMPLES or timing.step_seconds <= joining.seconds:
+            prompts_seconds = joining.seconds(timing.num_prefill_tokens)
+            if joining.samples < MIN_SAMPLES or timing.step_seconds <= prompts_seconds:
                 return  # what the prompts cost is unknown: nothing to take off
             # the prompts' prefill, as it costs plain decode, taken off: what remains is the decode step speculation ran
-            sample = (timing.num_generated - joining.tokens, timing.step_seconds - joining.seconds, timing.batch_size)
+            sample = (timing.num_generated - joining.tokens(timing.num_prefilling),
+                      timing.step_seconds - prompts_seconds, timing.batch_size)
         route = "draft" if timing.num_draft_tokens > 0 else "ngram"
         key = (bucket, temperature_bucket(temperature), route)
         probe = self._probes.get(key)
@@ -304,7 +327,7 @@ class GoodputGuard:
         """
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         if (measured and joining and rng.random() < MEASURE_PLAIN_RATE
-                and self._joining.get(_joining_key(key[0], joining), _Arm()).samples < MIN_SAMPLES):
+                and self._joining.get(key[0], _Joining()).samples < MIN_SAMPLES):
             return NO_PROPOSERS  # what joining prompts cost a plain step here is unknown: measure it
         draft, draft_verdict = self._route_decision((*key, "draft"), rng, probe_rate, measured)
         if draft == "plain":

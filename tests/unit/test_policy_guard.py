@@ -179,17 +179,16 @@ def test_steps_a_request_joins_are_measured_as_their_regime_runs_them() -> None:
     [bucket] = guard.summary()
     assert bucket["plain"]["steps"] == MIN_SAMPLES + SURE  # the joined steps are kept apart
     assert bucket["speculative"]["draft"]["T=0"]["steps"] == 2 * SURE
-    # each joined step less what two prompts add to a plain one (2 tokens, 38 ms): 52 tokens in 172 ms
+    # each joined step less what two prompts of 150 tokens add to a plain one (2 tokens, 38 ms): 52 tokens in 172 ms
     assert bucket["speculative"]["draft"]["T=0"]["vs_plain"] == pytest.approx(52 / 0.121 / (24 / 0.040), rel=0.02)
     assert "draft" not in guard.allowed_proposers(24, 0.0, random.Random(0), 0.0)
 
 
-def test_a_joined_speculative_step_with_no_plain_counterpart_is_left_out() -> None:
+def test_a_joined_speculative_step_is_left_out_until_what_prompts_cost_plain_decode_is_known() -> None:
     guard = GoodputGuard()
     for _ in range(SAMPLES):
         guard.observe(step(24, False, 24, 0.040))
-        guard.observe(joining(step(24, False, 24, 0.078), 1))
-        guard.observe(joining(step(24, True, 52, 0.5), 2))  # no plain step two prompts joined: unpaired
+        guard.observe(joining(step(24, True, 52, 0.5), 2))  # no plain step that prompts joined: nothing to take off
     assert guard.summary()[0]["speculative"] == {}
 
 
@@ -203,8 +202,8 @@ def test_steps_prompts_join_decode_plainly_now_and_then_until_what_joining_costs
     assert plain == pytest.approx(1000 * MEASURE_PLAIN_RATE, rel=0.25)
     for _ in range(MIN_SAMPLES):
         guard.observe(joining(step(24, False, 24, 0.070), 1))
-    assert all(guard.allowed_proposers(24, 0.0, rng, 0.0, joining=1) for _ in range(1000))
-    assert any(not guard.allowed_proposers(24, 0.0, rng, 0.0, joining=2) for _ in range(100))  # 2 joining: unknown
+    assert all(guard.allowed_proposers(24, 0.0, rng, 0.0, joining=2) for _ in range(1000))  # known per prompt token
+    assert any(not guard.allowed_proposers(8, 0.0, rng, 0.0, joining=1) for _ in range(100))  # another bucket: unknown
 
 
 def test_a_burst_of_arriving_prompts_is_not_measured() -> None:
