@@ -62,23 +62,22 @@ speculation at batch 16 looked 25% faster than plain decode when it was break-ev
 whose plain steps are not measured takes the cost model's plain step time, scaled by how the model
 erred at the measured sizes of the same bucket.
 
-Steps that requests join (their prompts' prefill chunks share the pass) count too, less what the prompts
-cost. A joining prompt costs plain and speculative decode alike, but speculation pays more in such steps (its
-draft model catches up on prompts that joined the step before), and it has more of them, since it finishes
-requests sooner: at 32 prose clients, T = 1, they were 65-70% of fixed draft k = 2's time (48% of ``off``'s).
-On steps without prefill alone, draft k = 2 read 0.98-1.02x ``off`` while whole runs read 0.95-0.97x, and the
-adaptive policy, judging by those steps, drafted in 83-93% of request-steps at 0.93x ``off``. What prompts
-cost is measured on plain steps, per batch-size bucket: what joining prompts added to a plain step of its
-batch size, per prompt token (code prompts differ in length by up to ten times). Until that is known, such
-steps decode plainly at ``MEASURE_PLAIN_RATE``, and speculative ones are left out. Two ways that did not work:
-joined steps' whole
-times in the plain arms (a plain step that a prompt joined, at 8 code requests, took 100 ms against 29, and
-through the plain step times and the calibration of the cost model's stand-ins speculation read 1.6-3.6x
-plain decode); and pairing each speculative step with plain steps that as many prompts joined, which charged
-plain decode the prompts at speculation's pace, more per token than it pays (speculation read 1.4-2x plain
-decode where it ran 1.0-1.2x ``off``). A burst of prompts arriving at once (more joining than 1 +
-``MAX_JOINING_SHARE`` of the decoding requests) is no regime's cost and is left out (`measures_step`), as
-is a step of prefill alone.
+Steps that requests join (their prompts' prefill chunks share the pass) count too, less what the prompts cost.
+A joining prompt costs plain and speculative decode alike, but speculation pays more in such steps (its draft
+model catches up on prompts that joined the step before), and it has more of them, since it finishes requests
+sooner: at 32 prose clients, T = 1, they were 65-70% of fixed draft k = 2's time (48% of ``off``'s). On steps
+without prefill alone, draft k = 2 read 0.98-1.02x ``off`` while whole runs read 0.95-0.97x, and the adaptive
+policy, judging by those steps, drafted in 83-93% of request-steps at 0.93x ``off``. What prompts cost is
+measured on plain steps, per batch-size bucket: what joining prompts added to a plain step of its batch size,
+per prompt token (code prompts differ in length by up to ten times). Until that is known, such steps decode
+plainly at ``MEASURE_PLAIN_RATE``, and speculative ones are left out. Two ways that did not work: joined
+steps' whole times in the plain arms (a plain step that a prompt joined, at 8 code requests, took 100 ms
+against 29, and through the plain step times and the calibration of the cost model's stand-ins speculation
+read 1.6-3.6x plain decode); and pairing each speculative step with plain steps that as many prompts joined,
+which charged plain decode the prompts at speculation's pace, more per token than it pays (speculation read
+1.4-2x plain decode where it ran 1.0-1.2x ``off``). A burst of prompts arriving at once (more joining than 1 +
+``MAX_JOINING_SHARE`` of the decoding requests) is no regime's cost and is left out (`measures_step`), as is a
+step of prefill alone.
 
 Both arms must stay measured for the comparison to stay true, so a fraction ``probe_rate`` of the
 decisions takes the other arm, never in steps the guard leaves out, which speculate only where
@@ -326,8 +325,9 @@ class GoodputGuard:
         would teach nothing and would make the draft model prefill the whole batch on top of the target's prefill.
         """
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
-        if (measured and joining and rng.random() < MEASURE_PLAIN_RATE
-                and self._joining.get(key[0], _Joining()).samples < MIN_SAMPLES):
+        joining_cost = self._joining.get(key[0]) if joining else None
+        if (measured and joining and (joining_cost is None or joining_cost.samples < MIN_SAMPLES)
+                and rng.random() < MEASURE_PLAIN_RATE):
             return NO_PROPOSERS  # what joining prompts cost a plain step here is unknown: measure it
         draft, draft_verdict = self._route_decision((*key, "draft"), rng, probe_rate, measured)
         if draft == "plain":
