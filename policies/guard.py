@@ -166,6 +166,11 @@ def measures_step(num_decodes: int, num_prefilling: int) -> bool:
     return num_decodes > 0 and num_prefilling <= 1 + num_decodes * MAX_JOINING_SHARE
 
 
+def _ewma_weight(samples: int) -> float:
+    """The newest sample's weight after ``samples`` earlier ones: a plain mean until the EWMA's horizon is filled."""
+    return max(EWMA_WEIGHT, 1.0 / (samples + 1))
+
+
 def batch_bucket(batch_size: int) -> int:
     """1, 2, 3-4, 5-8, ... -> 0, 1, 2, 3, ...: per-token costs change slowly with batch size."""
     return (max(1, batch_size) - 1).bit_length()  # ceil(log2(batch_size)), exactly
@@ -190,7 +195,7 @@ class _Arm:
     def add(self, tokens: float, seconds: float, batch_size: int, plain_seconds: float | None = None,
             plain_measured: bool = False) -> None:
         """One step; ``plain_seconds``: speculative steps' counterpart, a plain step of ``batch_size`` right now."""
-        w = max(EWMA_WEIGHT, 1.0 / (self.samples + 1))  # a plain mean until the EWMA's horizon is filled
+        w = _ewma_weight(self.samples)
         self.tokens += w * (tokens - self.tokens)
         self.seconds += w * (seconds - self.seconds)
         for size in self.sizes:
@@ -223,7 +228,7 @@ class _Joining:
     samples: int = 0
 
     def add(self, timing: StepTiming, extra_seconds: float) -> None:
-        w = max(EWMA_WEIGHT, 1.0 / (self.samples + 1))
+        w = _ewma_weight(self.samples)
         self.prompt_tokens += w * (timing.num_prefill_tokens - self.prompt_tokens)
         self.extra_seconds += w * (extra_seconds - self.extra_seconds)
         self.requests += w * (timing.num_prefilling - self.requests)
