@@ -137,6 +137,7 @@ def main() -> None:
                 cell = {"workload": workload, "temperature": temperature, "concurrency": n}
                 runs: dict[str, list[RunResult]] = {name: [] for name in policies}
                 chosen_k: dict[str, list[list[int]]] = {name: [] for name in policies}
+                guard_after_runs: list[list[dict]] = []  # the adaptive policy's guard at the cell's load, per run
                 for _ in range(args.warmup + args.repeats):
                     before = {name: engine.policy.stats()["chosen_k"]["histogram"] for name, engine in engines.items()}
                     results = run_engines_lockstep(engines, prompts, params, max_in_flight=n)
@@ -145,6 +146,7 @@ def main() -> None:
                         after = engine.policy.stats()["chosen_k"]["histogram"]
                         chosen_k[name].append([count - (before[name][k] if k < len(before[name]) else 0)
                                                for k, count in enumerate(after)])
+                    guard_after_runs.append(guard_at_load(engines["adaptive"], n))
                     rotate_policies(engines)
                 warmups = {name: rs[: args.warmup] for name, rs in runs.items()}
                 runs = {name: rs[args.warmup:] for name, rs in runs.items()}
@@ -158,7 +160,8 @@ def main() -> None:
                                  "runs_tok_s": [round(run.tokens_per_s, 1) for run in runs[name]],
                                  "warmup_tok_s": [round(run.tokens_per_s, 1) for run in warmups[name]],
                                  # request-steps per chosen k (0 = plain), warm-up runs first
-                                 "chosen_k": chosen_k[name]})
+                                 "chosen_k": chosen_k[name],
+                                 **({"guard": guard_after_runs} if name == "adaptive" else {})})
                 summary.append(verdict := summarize_cell(cell, runs))
                 print(f"[{workload} T={temperature} c={n}] off {results['off'].tokens_per_s:.0f} tok/s, "
                       f"best fixed ({verdict['best_fixed']}) {results[verdict['best_fixed']].tokens_per_s:.0f}, "
@@ -222,6 +225,15 @@ def rotate_policies(engines: dict[str, LLMEngine]) -> None:
     for name, engine in moved.items():
         engine.policy = controllers[name]
     engines.update(moved)
+
+
+def guard_at_load(engine: LLMEngine, concurrency: int) -> list[dict]:
+    """The goodput guard's figures (policies/guard.py) for the batch sizes a cell of ``concurrency`` clients runs at
+    most of its time: its own bucket and the one below (the batch drains through it). What the guard measured is why
+    a cell speculated or not, and the chosen-k histograms alone cannot tell a stuck verdict from a fair one."""
+    buckets = engine.policy.stats()["goodput_guard"]
+    return [bucket for bucket in buckets if bucket["batch_sizes"][1] >= concurrency // 2
+            and bucket["batch_sizes"][0] <= concurrency]
 
 
 def output_lengths(num_requests: int, mean: int, spread: float) -> list[int]:

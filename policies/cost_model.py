@@ -19,7 +19,8 @@ were once left out of the fit, and the plan started drafting for requests at a p
 Fits are ridge regressions over a window of recent steps (512), pulled towards a prior scaled to the
 measured level: the relative defaults at first, later the last values the data determined well.
 Directions the window does not determine (e.g. b vs c while every step feeds one token per request) stay
-at the prior instead of swinging to nonsense, and negative coefficients are clamped to zero.
+at the prior instead of swinging to nonsense, and negative coefficients are clamped to zero. The target's
+fit also keeps the last plain steps once its window has moved past them (`_KeptPlainRows`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ CATCH_UP_RELATIVE_COST = 0.1
 MIN_SECONDS = 1e-6
 PRIOR_PSEUDO_OBSERVATIONS = 2.0  # the defaults weigh as much as this many observations' spread
 PRIOR_FLOOR = 1e-3  # keeps fully collinear directions at the prior
+KEPT_PLAIN_ROWS = 64  # the target's fit keeps this many of the last plain steps beyond its window
 WELL_DETERMINED = 0.05  # max relative error of a coefficient's share of a step for it to count as learned
 
 
@@ -100,6 +102,31 @@ class _Window:
         return self.features[:filled], self.seconds[:filled]
 
 
+class _KeptPlainRows:
+    """The last plain steps' rows, kept in the target's fit after the window has moved past them.
+
+    Every plan weighs speculation against plain decode's predicted step, so that prediction must stay
+    anchored in measured plain steps. Under sustained speculation they are a few percent of the window
+    (the guard's probes), and its speculative rows alone do not separate a per-request from a per-token
+    cost: at 8 code requests, T = 0.7, with ~2 of 8 requests drafting per step, the fit put 2.4 ms on each
+    request and 0.15 ms on each token, predicting a plain step at 27 ms where it took 15.4.
+    """
+
+    def __init__(self, size: int, num_features: int) -> None:
+        self.window = _Window(size, num_features)
+        self.positions = np.zeros(size, dtype=np.int64)  # each row's place in the target's stream of rows
+
+    def add(self, features: tuple[float, ...], seconds: float, position: int) -> None:
+        self.positions[self.window.count % len(self.positions)] = position
+        self.window.add(features, seconds)
+
+    def rows_before(self, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """The kept rows that came before ``position`` (those the window no longer holds)."""
+        features, seconds = self.window.rows()
+        older = self.positions[: len(seconds)] < position
+        return features[older], seconds[older]
+
+
 @dataclass(frozen=True)
 class RegressionFit:
     coef: np.ndarray
@@ -155,12 +182,25 @@ class _OnlineFit:
     at the price of a second ridge fit beside the target's in every refit of a plain step.
     """
 
-    def __init__(self, window: int, num_features: int) -> None:
+    def __init__(self, window: int, num_features: int, kept_plain: int = 0) -> None:
         self.window = _Window(window, num_features)
+        self.kept_plain = _KeptPlainRows(kept_plain, num_features) if kept_plain else None
         self.remembered: np.ndarray | None = None
         self.ever_determined = np.zeros(num_features, dtype=bool)
         self.rmse = 0.0
         self._last: tuple[int, bytes, np.ndarray] | None = None  # (rows seen, prior's defaults, coefficients)
+
+    def add(self, features: tuple[float, ...], seconds: float, plain: bool = False) -> None:
+        if plain and self.kept_plain is not None:
+            self.kept_plain.add(features, seconds, self.window.count)
+        self.window.add(features, seconds)
+
+    def rows(self) -> tuple[np.ndarray, np.ndarray]:
+        features, seconds = self.window.rows()
+        if self.kept_plain is None:
+            return features, seconds
+        kept_features, kept_seconds = self.kept_plain.rows_before(self.window.count - len(self.window.seconds))
+        return np.concatenate([features, kept_features]), np.concatenate([seconds, kept_seconds])
 
     def learned(self) -> list[bool]:
         """Per coefficient: has some window of data ever pinned it down (else it still leans on defaults)?"""
@@ -168,7 +208,7 @@ class _OnlineFit:
 
     def fit(self, default: np.ndarray, min_observations: int) -> tuple[np.ndarray, str]:
         """(coefficients, source) where source is fit | scaled_default | default."""
-        features, seconds = self.window.rows()
+        features, seconds = self.rows()
         prior = default if self.remembered is None else np.where(self.remembered > 0, self.remembered, default)
         if len(seconds) == 0:
             return prior, "default"
@@ -191,7 +231,7 @@ class CostModel:
     """Windowed online fit of the step-cost coefficients, refitted as observations arrive."""
 
     def __init__(self, window: int = 512, min_observations: int = 4, refit_every: int = 8) -> None:
-        self._target = _OnlineFit(window, 4)
+        self._target = _OnlineFit(window, 4, kept_plain=KEPT_PLAIN_ROWS)
         self._draft = _OnlineFit(window, 4)
         self._min_observations = min_observations
         self._refit_every = refit_every
@@ -214,11 +254,12 @@ class CostModel:
                 or timing.num_prefill_tokens):  # it predicts decode/verify steps: prefill chunks would skew its fit
             return
         verifies = float(timing.speculative)
-        self._target.window.add((1.0, timing.batch_size, timing.num_tokens, verifies), timing.target_seconds)
+        self._target.add((1.0, timing.batch_size, timing.num_tokens, verifies), timing.target_seconds,
+                         plain=not timing.speculative)
         if timing.num_draft_requests > 0 and timing.num_draft_tokens > 0 and timing.draft_seconds > 0:
             passes = timing.num_draft_passes or math.ceil(timing.num_draft_tokens / timing.num_draft_requests)
-            self._draft.window.add((1.0, passes, passes * timing.num_draft_requests, timing.num_draft_catch_up_tokens),
-                                   timing.draft_seconds)
+            self._draft.add((1.0, passes, passes * timing.num_draft_requests, timing.num_draft_catch_up_tokens),
+                            timing.draft_seconds)
         self._num_unfitted += 1
         if self._num_unfitted >= self._refit_every or self._target.window.count <= 4 * self._min_observations:
             self._refit()  # every step at first, later every few: one step barely moves the fit
