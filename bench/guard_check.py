@@ -1,6 +1,6 @@
 """Does the goodput guard's figure agree with whole runs? A check of its measurement, not of the policy.
 
-Serves one sweep cell (bench/policy_sweep.py's traffic) with ``off`` and a fixed speculative policy in lockstep,
+Serves one sweep cell (bench/policy_sweep.py's traffic) with ``off`` and a speculative policy in lockstep,
 records every step each engine timed, and feeds all of them, in the order they ran, to a fresh guard
 (policies/guard.py): it then has as many plain steps as speculative ones, so its figure of speculation over
 plain decode is what its measurement method reads with plenty of data. Printed beside it: the whole runs'
@@ -9,7 +9,13 @@ ratio (what a user gets) and the same ratio from steps that no prompt joined, pe
     taskset -c 0 .venv/bin/python -m bench.guard_check --workload prose --temperature 0.7 --concurrency 16
 
 A guard figure above the whole runs' ratio means the measurement favours speculation; where the two sides of
-1.0 differ, the adaptive policy speculates at a loss (or declines a gain) however well it plans.
+1.0 differ, the adaptive policy speculates at a loss (or declines a gain) however well it plans. With
+``--policy adaptive`` the policy runs as usual (its own guard learns from its own steps) and the check's guard
+judges its speculation as the policy plans it.
+
+What it found (prose, T = 0.7, one CPU thread of an AMD EPYC VM): fixed draft k = 2 read 0.947x ``off`` over
+whole runs at 16 clients and the guard 0.895x (0.869 and 0.840 at 32); the adaptive policy at 8 clients read
+1.059x whole and 1.184x to the guard. The guard judges steady steps, and a run's start and drain differ.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 
@@ -74,7 +81,9 @@ def main() -> None:
     print(f"saved {save(args.output, report)}")
 
 
-def record(observe_step, name: str, steps: list[tuple[str, StepTiming]]):
+def record(observe_step: Callable[[StepTiming], None], name: str,
+           steps: list[tuple[str, StepTiming]]) -> Callable[[StepTiming], None]:
+    """``observe_step`` that also appends each timing, with the engine's ``name``, to ``steps``."""
     def observe(timing: StepTiming) -> None:
         steps.append((name, timing))
         observe_step(timing)
