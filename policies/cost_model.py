@@ -45,6 +45,7 @@ MIN_SECONDS = 1e-6
 PRIOR_PSEUDO_OBSERVATIONS = 2.0  # the defaults weigh as much as this many observations' spread
 PRIOR_FLOOR = 1e-3  # keeps fully collinear directions at the prior
 KEPT_PLAIN_ROWS = 64  # the target's fit keeps this many of the last plain steps beyond its window
+KEPT_PLAIN_HORIZON = 3  # ... for at most this many windows' worth of later steps
 WELL_DETERMINED = 0.05  # max relative error of a coefficient's share of a step for it to count as learned
 
 
@@ -109,7 +110,8 @@ class _KeptPlainRows:
     anchored in measured plain steps. Under sustained speculation they are a few percent of the window
     (the guard's probes), and its speculative rows alone do not separate a per-request from a per-token
     cost: at 8 code requests, T = 0.7, with ~2 of 8 requests drafting per step, the fit put 2.4 ms on each
-    request and 0.15 ms on each token, predicting a plain step at 27 ms where it took 15.4.
+    request and 0.15 ms on each token, predicting a plain step at 27 ms where it took 15.4. Kept, 16.7 against
+    16.65. Rows older than ``KEPT_PLAIN_HORIZON`` windows are let go (see `rows_between`).
     """
 
     def __init__(self, size: int, num_features: int) -> None:
@@ -120,11 +122,13 @@ class _KeptPlainRows:
         self.positions[self.window.count % len(self.positions)] = position
         self.window.add(features, seconds)
 
-    def rows_before(self, position: int) -> tuple[np.ndarray, np.ndarray]:
-        """The kept rows that came before ``position`` (those the window no longer holds)."""
+    def rows_between(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """The kept rows whose place is in [start, end): those the window no longer holds, but not so old that
+        a shared VM's drift (10-30% within minutes) has made them another machine's times."""
         features, seconds = self.window.rows()
-        older = self.positions[: len(seconds)] < position
-        return features[older], seconds[older]
+        positions = self.positions[: len(seconds)]
+        chosen = (positions >= start) & (positions < end)
+        return features[chosen], seconds[chosen]
 
 
 @dataclass(frozen=True)
@@ -199,7 +203,9 @@ class _OnlineFit:
         features, seconds = self.window.rows()
         if self.kept_plain is None:
             return features, seconds
-        kept_features, kept_seconds = self.kept_plain.rows_before(self.window.count - len(self.window.seconds))
+        window_start = self.window.count - len(self.window.seconds)
+        kept_features, kept_seconds = self.kept_plain.rows_between(window_start - KEPT_PLAIN_HORIZON * len(
+            self.window.seconds), window_start)
         return np.concatenate([features, kept_features]), np.concatenate([seconds, kept_seconds])
 
     def learned(self) -> list[bool]:
