@@ -28,9 +28,8 @@ from collections.abc import Callable
 import torch
 
 from bench.common import run_engines_lockstep, save
-from bench.policy_sweep import POLICIES, make_engines, output_lengths
+from bench.policy_sweep import POLICIES, cell_traffic, make_engines
 from bench.prompts import PROSE, code_prompts
-from engine.types import SamplingParams
 from policies.base import StepTiming
 from policies.guard import GoodputGuard, batch_bucket
 
@@ -54,9 +53,7 @@ def main() -> None:
     tokenizer = engines["off"].tokenizer
     num_requests = max(32, 4 * args.concurrency)
     texts = code_prompts(num_requests, max_chars=500) if args.workload == "code" else PROSE
-    prompts = [tokenizer.encode(texts[i % len(texts)]) for i in range(num_requests)]
-    params = [SamplingParams(max_tokens=length, temperature=args.temperature, ignore_eos=True)
-              for length in output_lengths(num_requests, args.new_tokens, 0.5)]
+    prompts, params = cell_traffic(tokenizer, texts, num_requests, args.temperature, args.new_tokens, 0.5)
     run_engines_lockstep(engines, prompts, params, max_in_flight=args.concurrency)  # warm-up
     steps.clear()
     ratios = []

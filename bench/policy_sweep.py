@@ -129,11 +129,8 @@ def main() -> None:
                 # throughput mostly the luck of that sample's acceptance, and with 8 of them two identical
                 # policies (the twin) still read 0.93-1.12x each other at 1-2 clients, T > 0
                 num_requests = max(args.min_requests, args.requests_per_client * n)
-                prompts = [tokenizer.encode(texts[i % len(texts)]) for i in range(num_requests)]
-                # no seed: a seeded sampling request drafts a fixed k under `auto` (reproducibility), so seeds
-                # would turn the adaptive policy into fixed k = 4 at T > 0
-                params = [SamplingParams(max_tokens=length, temperature=temperature, ignore_eos=True)
-                          for length in output_lengths(num_requests, args.new_tokens, args.length_spread)]
+                prompts, params = cell_traffic(tokenizer, texts, num_requests, temperature, args.new_tokens,
+                                               args.length_spread)
                 cell = {"workload": workload, "temperature": temperature, "concurrency": n}
                 runs: dict[str, list[RunResult]] = {name: [] for name in policies}
                 chosen_k: dict[str, list[list[int]]] = {name: [] for name in policies}
@@ -234,6 +231,17 @@ def guard_at_load(engine: LLMEngine, concurrency: int) -> list[dict]:
     buckets = engine.policy.stats()["goodput_guard"]
     return [bucket for bucket in buckets if bucket["batch_sizes"][1] >= concurrency // 2
             and bucket["batch_sizes"][0] <= concurrency]
+
+
+def cell_traffic(tokenizer, texts: list[str], num_requests: int, temperature: float, new_tokens: int,
+                 spread: float) -> tuple[list[list[int]], list[SamplingParams]]:
+    """A cell's prompts (the texts in turn) and their sampling parameters (lengths from `output_lengths`)."""
+    prompts = [tokenizer.encode(texts[i % len(texts)]) for i in range(num_requests)]
+    # no seed: a seeded sampling request drafts a fixed k under `auto` (reproducibility), so seeds would turn the
+    # adaptive policy into fixed k = 4 at T > 0
+    params = [SamplingParams(max_tokens=length, temperature=temperature, ignore_eos=True)
+              for length in output_lengths(num_requests, new_tokens, spread)]
+    return prompts, params
 
 
 def output_lengths(num_requests: int, mean: int, spread: float) -> list[int]:

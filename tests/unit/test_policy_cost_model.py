@@ -118,27 +118,33 @@ def test_steady_traffic_does_not_erase_a_learned_token_cost() -> None:
     assert model.fit_summary()["verify_learned"]["per_token"] is True
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_plain_steps_anchor_the_plain_prediction_after_speculation_fills_the_window(seed: int) -> None:
-    """Under sustained speculation the window holds speculative steps only, whose noisy spread (a few of 6-8
-    requests drafting 1-4 tokens) barely tells a per-request cost from a per-token one, nor a step's fixed cost
-    from verification's: without the kept plain steps the plain prediction, every plan's yardstick, erred by up
-    to 25% over these seeds."""
+def _verify_seconds(batch: int, tokens: int, verifies: bool) -> float:
+    return 8e-3 + 5e-4 * batch + 2.5e-4 * tokens + (3e-3 if verifies else 0.0)
+
+
+def _plain_then_speculative(seed: int, plain_pace: float, speculative_steps: int) -> CostModel:
+    """48 plain steps at ``plain_pace`` times the true cost, then speculative ones (a few of 6-8 requests drafting
+    1-4 tokens), all with 10% noise, into a window of 128."""
     rng = random.Random(seed)
     model = CostModel(window=128)
-    verify_cost = 3e-3
-
-    def seconds(batch: int, tokens: int, verifies: bool) -> float:
-        return 8e-3 + 5e-4 * batch + 2.5e-4 * tokens + (verify_cost if verifies else 0.0)
-
     for _ in range(48):
         batch = rng.randint(6, 8)
-        model.observe(StepTiming(batch, batch, seconds(batch, batch, False) * (1.0 + rng.gauss(0, 0.1))))
-    for _ in range(300):  # over two windows' worth
+        model.observe(StepTiming(batch, batch,
+                                 plain_pace * _verify_seconds(batch, batch, False) * (1.0 + rng.gauss(0, 0.1))))
+    for _ in range(speculative_steps):
         batch, users, k = rng.randint(6, 8), rng.randint(1, 3), rng.randint(1, 4)
         tokens = batch + users * k
-        model.observe(StepTiming(batch, tokens, seconds(batch, tokens, True) * (1.0 + rng.gauss(0, 0.1))))
-    assert model.predict_step(8, 8) == pytest.approx(seconds(8, 8, False), rel=0.05)
+        model.observe(StepTiming(batch, tokens, _verify_seconds(batch, tokens, True) * (1.0 + rng.gauss(0, 0.1))))
+    return model
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_plain_steps_anchor_the_plain_prediction_after_speculation_fills_the_window(seed: int) -> None:
+    """Under sustained speculation the window holds speculative steps only, whose noisy spread barely tells a
+    per-request cost from a per-token one, nor a step's fixed cost from verification's: without the kept plain
+    steps the plain prediction, every plan's yardstick, erred by up to 25% over these seeds."""
+    model = _plain_then_speculative(seed, plain_pace=1.0, speculative_steps=300)  # over two windows' worth
+    assert model.predict_step(8, 8) == pytest.approx(_verify_seconds(8, 8, False), rel=0.05)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -146,20 +152,8 @@ def test_kept_plain_steps_age_out_so_a_drifted_pace_does_not_anchor_the_fit(seed
     """Plain steps measured at another pace (a shared VM drifts by 10-30% within minutes) are let go once the
     window has moved on by a few of its lengths: kept for good, 1.5x-slow plain steps held the prediction at
     1.33-1.37x the plain step's true time over these seeds."""
-    rng = random.Random(seed)
-    model = CostModel(window=128)
-
-    def seconds(batch: int, tokens: int, verifies: bool) -> float:
-        return 8e-3 + 5e-4 * batch + 2.5e-4 * tokens + (3e-3 if verifies else 0.0)
-
-    for _ in range(48):
-        batch = rng.randint(6, 8)
-        model.observe(StepTiming(batch, batch, 1.5 * seconds(batch, batch, False) * (1.0 + rng.gauss(0, 0.1))))
-    for _ in range(700):
-        batch, users, k = rng.randint(6, 8), rng.randint(1, 3), rng.randint(1, 4)
-        tokens = batch + users * k
-        model.observe(StepTiming(batch, tokens, seconds(batch, tokens, True) * (1.0 + rng.gauss(0, 0.1))))
-    assert model.predict_step(8, 8) < 1.3 * seconds(8, 8, False)
+    model = _plain_then_speculative(seed, plain_pace=1.5, speculative_steps=700)
+    assert model.predict_step(8, 8) < 1.3 * _verify_seconds(8, 8, False)
 
 
 def test_recovers_the_fixed_cost_of_speculating() -> None:
