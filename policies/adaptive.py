@@ -132,7 +132,7 @@ class AdaptivePolicy(LearningPolicy):
             return plain
         speculative = plan_batch(candidates, coeffs, 0, self.settings.hysteresis, speculate=True)
         if (evidence == "wins" or speculative.goodput >= NEAR_TIE * plain.goodput
-                or not self.guard.decline_probe(load, self.batch_temperature)):
+                or not self.guard.decline_measurement(load, self.batch_temperature)):
             return speculative
         return plain
 

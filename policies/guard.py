@@ -36,9 +36,10 @@ sunk once the probe has begun, and sustained speculation does not pay it: charge
 speculation that ran 1.2x plain decode (batch 4, T = 1) read 0.85x, and the rejection stuck for three runs.
 A rejection no probe has checked yet (sustained speculation can lose on a transient: four prompts arriving
 at once, each draft-prefilled in one step) gets one probe burst at ``MAX_PROBE_BOOST`` times the rate. The
-plan may decline a burst (`decline_probe`: its model predicts speculation far below plain decode); one that
-has not speculated yet then ends, since it would measure nothing. That one boosted burst, the rejection's
-confirming probe, is the exception: the plan must speculate in it (see `decline_probe`).
+plan may decline a burst (`decline_measurement`: its model predicts speculation far below plain decode); one
+that has not speculated yet then ends, since it would measure nothing. That one boosted burst, the rejection's
+confirming probe, is an exception: the plan must speculate in it; so it must in a first figure it has begun, and
+in a near miss short of its sure verdict (see `decline_measurement`).
 
 Speculative steps are kept apart by route: those where the draft model proposed (alone or beside
 n-gram lookups) and those where only n-gram lookups did. An n-gram proposal costs no model pass, so
@@ -354,15 +355,24 @@ class GoodputGuard:
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         return any(self._burst_left.get((*key, route), 0) > 0 for route in PROPOSERS)
 
-    def decline_probe(self, batch_size: int, temperature: float) -> bool:
-        """The plan would decline to speculate in a probe burst here: a burst that has seen no speculative step yet
-        ends (it would plan every step for nothing: at 32 requests the model predicted speculation far below plain
-        decode, and bursts ran their ``PROBE_LIMIT`` steps unmeasured); one under way goes on. False where the
-        burst is a rejection's first (its confirming probe): the plan must speculate in it. The model declining it
-        is no evidence: fitted on the plain steps the rejection made, it kept rejections standing for whole runs
-        (8 code requests, T = 0.7: a first figure of 0.876x, declined, stood for 4 runs while fixed draft k = 4 ran
-        1.05-1.09x ``off``)."""
+    def decline_measurement(self, batch_size: int, temperature: float) -> bool:
+        """Whether the plan may decline to speculate where the guard is measuring speculation here (its model
+        predicts speculation far below plain decode). A probe burst that has seen no speculative step yet then ends
+        (it would plan every step for nothing: at 32 requests the model predicted speculation far below plain
+        decode, and bursts ran their ``PROBE_LIMIT`` steps unmeasured); one under way goes on.
+
+        False where a measurement is under way or must be made whatever the model says: a rejection's first burst
+        (its confirming probe), a draft route's first figure once begun (fewer than ``MIN_SPECULATIVE_SAMPLES`` steps,
+        the switch into it taken), and a near miss short of ``SURE_SAMPLES``. The model declining them is no evidence:
+        fitted on the plain steps a rejection made, it kept rejections standing for whole runs (8 code requests,
+        T = 0.7: a first figure of 0.876x, declined, stood for 4 runs while fixed draft k = 4 ran 1.05-1.09x
+        ``off``); and on a new engine's first few, slow speculative steps at 1 request, T = 1, it priced speculation
+        so dear that a first figure stopped at 3-11 steps and the engine decoded plainly for 1500-3000 steps in 5 of
+        8 starts, while fixed draft k = 4 ran 1.4x faster."""
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
+        draft = (*key, "draft")
+        if draft in self._speculative and self._judge(*draft)[0] in (None, "measure more"):
+            return False
         declined = True
         for route in PROPOSERS:
             probe = self._probes.get((*key, route))

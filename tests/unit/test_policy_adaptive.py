@@ -356,3 +356,24 @@ def test_the_guards_measurements_overrule_a_plan_that_decodes_plainly() -> None:
         policy.observe_step(StepTiming(8, 8, 0.010, step_seconds=0.010, num_generated=8))
         policy.observe_step(StepTiming(8, 16, 0.012, 8, 0.004, 8, 1, step_seconds=0.016, num_generated=18))
     assert {d.k for d in policy.decide(batch)} == {1}
+
+
+def test_a_begun_first_measurement_is_finished_though_the_model_says_speculation_loses() -> None:
+    """The model predicts speculation at 0.82x plain decode; a new engine's first speculative steps (the switch
+    into it, then two more) are not enough to judge by, so however dear they made the model think drafting is,
+    the plan speculates until the guard has its first figure, here a win, which then holds."""
+    batch = BatchView(tuple(view(f"r{index}") for index in range(8)))
+    policy = AdaptivePolicy(quiet(verify_cost_coefficients=(0.01, 0.0, 0.002), draft_cost_per_token=0.012))
+    assert {d.k for d in policy.decide(batch)} == {0}
+    for _ in range(3):
+        policy.observe_step(StepTiming(8, 8, 0.010, step_seconds=0.010, num_generated=8))
+    switch = StepTiming(8, 16, 0.012, 8, 0.030, 8, 1, num_draft_catch_up_tokens=800, step_seconds=0.042,
+                        num_generated=18)
+    speculative = StepTiming(8, 16, 0.012, 8, 0.004, 8, 1, step_seconds=0.016, num_generated=18)
+    for timing in (switch, speculative, speculative):
+        policy.observe_step(timing)
+    for _ in range(12):  # the first figure: 1.4x plain decode
+        assert {d.k for d in policy.decide(batch)} == {1}
+        policy.observe_step(speculative)
+    assert policy.guard.speculation_evidence(8, 0.0) == "wins"
+    assert {d.k for d in policy.decide(batch)} == {1}

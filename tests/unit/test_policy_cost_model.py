@@ -221,3 +221,21 @@ def test_plain_steps_leave_the_draft_fit_as_it_was_without_refitting_it(monkeypa
     for _ in range(8):  # a drafting step: the draft window changed, and its next refit fits it again
         model.observe(timing(4, 12, passes=2, users=4))
     assert len(fits) == 64 // 8 + 2
+
+
+def test_a_few_stalled_steps_do_not_bend_the_fit() -> None:
+    """A new engine's first draft rounds stalled (30 ms more, at one or two passes), then 300 rounds whose time
+    grows by d + e a pass, most of them at 4 passes: the fit leaves the stalls out and finds the per-pass cost
+    (least squares alone put ~4 ms on every round and next to nothing on a pass)."""
+    rng = random.Random(4)
+    model = CostModel()
+    for passes in (1, 2, 1):
+        real = timing(1, 1 + passes, passes, 1)
+        model.observe(StepTiming(1, real.num_tokens, real.target_seconds, passes, real.draft_seconds + 0.03, 1,
+                                 passes))
+    for _ in range(300):
+        passes = 4 if rng.random() < 0.8 else rng.randint(1, 8)
+        model.observe(timing(1, 1 + passes, passes, 1, noise=0.02, rng=rng))
+    coef = model.coefficients()
+    assert coef.d + coef.e == pytest.approx(TRUE["d"] + TRUE["e"], rel=0.1)
+    assert coef.f < 0.1 * (TRUE["d"] + TRUE["e"])

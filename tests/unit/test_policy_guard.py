@@ -682,6 +682,26 @@ def test_the_evidence_on_speculation_the_plan_may_be_overruled_by() -> None:
     assert near.speculation_evidence(8, 0.0) == "measure"
 
 
+def test_a_first_figure_once_begun_and_a_near_miss_are_measured_whatever_the_model_says() -> None:
+    """A draft route's first figure that has begun (its switch taken, fewer than 12 steps) and a near miss short of
+    its sure verdict must be measured on: the model may not decline them. Untried, or settled, it may."""
+    guard = GoodputGuard()
+    for _ in range(SAMPLES):
+        guard.observe(step(8, False, 8, 0.010))
+    assert guard.decline_measurement(8, 0.0)  # untried, not begun: the model's word stands
+    guard.observe(dataclasses.replace(step(8, True, 20, 0.040), num_draft_catch_up_tokens=400))  # the switch
+    assert not guard.decline_measurement(8, 0.0)
+    for _ in range(SAMPLES):
+        guard.observe(step(8, True, 8, 0.0104))  # 0.96x plain decode: a near miss, measured on to a sure verdict
+        assert not guard.decline_measurement(8, 0.0)
+    for _ in range(SURE - SAMPLES - 1):
+        guard.observe(step(8, True, 8, 0.0104))
+    assert not guard.decline_measurement(8, 0.0)
+    guard.observe(step(8, True, 8, 0.0104))  # settled: rejected
+    assert guard.decline_measurement(8, 0.0)
+    assert guard.decline_measurement(8, 1.0)  # untried at T = 1
+
+
 def test_a_declined_probe_ends_only_before_its_first_speculative_step() -> None:
     """The plan may decline a probe burst (its model predicts speculation far below plain decode): one that has
     not speculated yet ends unmeasured; one whose draft model already caught up goes on measuring. A rejection's
@@ -693,18 +713,18 @@ def test_a_declined_probe_ends_only_before_its_first_speculative_step() -> None:
     rng = random.Random(0)
     while "draft" not in guard.allowed_proposers(8, 0.0, rng, 1.0):
         pass
-    assert not guard.decline_probe(8, 0.0)  # the rejection's first burst: the plan must speculate in it
+    assert not guard.decline_measurement(8, 0.0)  # the rejection's first burst: the plan must speculate in it
     assert guard.probing(8, 0.0)
     for _ in range(SAMPLES + 1):  # its catch-up and its measured steps: it loses again, the rejection stands
         guard.observe(step(8, True, 6, 0.010))
     assert not guard.probing(8, 0.0)
     while "draft" not in guard.allowed_proposers(8, 0.0, rng, 1.0):
         pass
-    assert guard.decline_probe(8, 0.0)
+    assert guard.decline_measurement(8, 0.0)
     assert not guard.probing(8, 0.0)
     assert "draft" not in guard.allowed_proposers(8, 0.0, rng, 0.0)
     while "draft" not in guard.allowed_proposers(8, 0.0, rng, 1.0):
         pass
     guard.observe(step(8, True, 6, 0.030))  # the draft model's catch-up: the burst has begun
-    guard.decline_probe(8, 0.0)
+    guard.decline_measurement(8, 0.0)
     assert guard.probing(8, 0.0)
