@@ -19,7 +19,8 @@ were once left out of the fit, and the plan started drafting for requests at a p
 Fits are ridge regressions over a window of recent steps (512), pulled towards a prior scaled to the
 measured level: the relative defaults at first, later the last values the data determined well.
 Directions the window does not determine (e.g. b vs c while every step feeds one token per request) stay
-at the prior instead of swinging to nonsense, and negative coefficients are clamped to zero. The target's
+at the prior instead of swinging to nonsense, negative coefficients are clamped to zero, and steps far off a
+first fit (a stalled host) are left out of the final one (`ridge_fit_nonnegative`). The target's
 fit also keeps the last plain steps once its window has moved past them (`_KeptPlainRows`).
 """
 
