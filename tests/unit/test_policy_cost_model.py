@@ -224,18 +224,23 @@ def test_plain_steps_leave_the_draft_fit_as_it_was_without_refitting_it(monkeypa
 
 
 def test_a_few_stalled_steps_do_not_bend_the_fit() -> None:
-    """A new engine's first draft rounds stalled (30 ms more, at one or two passes), then 300 rounds whose time
-    grows by d + e a pass, most of them at 4 passes: the fit leaves the stalls out and finds the per-pass cost
-    (least squares alone put ~4 ms on every round and next to nothing on a pass)."""
+    """A new engine's first three draft rounds stalled (30 ms more, at one or two passes; the first also prefilled
+    a 66-token prompt, the only such row), then 30 rounds whose time grows by d + e a pass and h a token caught up
+    on: the fit leaves the stalls out and finds both. Least squares alone put 5 ms on every round, nothing on a
+    pass and 0.24 ms on a token caught up on; so did plain residuals, since the fit passes through the prefill."""
     rng = random.Random(4)
+    h = 2e-5
+    per_pass = TRUE["d"] + TRUE["e"]
     model = CostModel()
-    for passes in (1, 2, 1):
-        real = timing(1, 1 + passes, passes, 1)
-        model.observe(StepTiming(1, real.num_tokens, real.target_seconds, passes, real.draft_seconds + 0.03, 1,
-                                 passes))
-    for _ in range(300):
-        passes = 4 if rng.random() < 0.8 else rng.randint(1, 8)
-        model.observe(timing(1, 1 + passes, passes, 1, noise=0.02, rng=rng))
+    for passes, catch_up in ((1, 66), (2, 2), (1, 2)):
+        model.observe(StepTiming(1, 1 + passes, 0.009, passes, passes * per_pass + h * catch_up + 0.03, 1, passes,
+                                 num_draft_catch_up_tokens=catch_up))
+    for _ in range(30):
+        passes, catch_up = rng.choice([2, 3, 4, 4, 4, 5, 6]), rng.choice([0, 1, 1, 1, 20, 30])
+        model.observe(StepTiming(1, 1 + passes, 0.009 * (1 + rng.gauss(0, 0.02)), passes,
+                                 passes * per_pass * (1 + rng.gauss(0, 0.02)) + h * catch_up, 1, passes,
+                                 num_draft_catch_up_tokens=catch_up))
     coef = model.coefficients()
-    assert coef.d + coef.e == pytest.approx(TRUE["d"] + TRUE["e"], rel=0.1)
-    assert coef.f < 0.1 * (TRUE["d"] + TRUE["e"])
+    assert coef.d + coef.e == pytest.approx(per_pass, rel=0.05)
+    assert coef.f < 0.05 * per_pass
+    assert coef.h == pytest.approx(h, rel=0.2)
