@@ -11,11 +11,13 @@ sleeps ``--stall-ms`` in each of its first ``--stalled-rounds`` draft rounds, th
     taskset -c 0 .venv/bin/python -m bench.cold_start --workload code --temperature 1.0 --concurrency 1
 
 Printed per engine: tokens/s, its ratio to ``off`` and to draft k = 4 in the same round, and the share of its
-request-steps that decoded plainly. What it found (code, T = 1, 1 client, 3 rounds stalled by 30 ms, 8 engines,
-one CPU thread of an AMD EPYC VM; each engine's first run): before the cost model's fits left out such steps and
-the plan had to finish a draft route's first figure (b726fac, results/cold_start_b726fac.json), 8 of 8 engines
-decoded most of their steps plainly, median 1.00x ``off`` and 0.69x draft k = 4; after, none did: median 1.38x
-``off``, 0.93x draft k = 4 (a new engine's first run pays for learning; 0.87-1.00x).
+request-steps that decoded plainly. What it found (3 rounds stalled by 30 ms, 8 engines, one CPU thread of an
+AMD EPYC VM; each engine's first run, which also pays for learning). b726fac, before the cost model's fits left
+out such steps and the plan had to finish a draft route's first figure: most steps plain in 8 of 8 engines in
+each cell (code, T = 1, 1 client: median 1.00x ``off``, 0.69x draft k = 4; prose, T = 0.7, 2 clients: 0.97x,
+0.75x; code, T = 0.7, 4 clients: 0.95x, 0.80x). a0208c1: 0 of 8 (1.31x, 0.93x), 2 of 8 (1.21x, 0.92x), 5 of 8
+(1.04x, 0.88x). At 4 clients the first figure is still measured at the k an early, unsettled fit picks (k = 7-8),
+loses, and its confirming probe is spent at that k: results/cold_start_*.json.
 """
 
 from __future__ import annotations
