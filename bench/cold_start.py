@@ -36,8 +36,8 @@ import time
 
 import torch
 
-from bench.common import RESULTS, make_engine, run_engines_lockstep, save, set_policy, table
-from bench.policy_sweep import POLICIES, cell_traffic
+from bench.common import RESULTS, run_engines_lockstep, save, set_policy, table
+from bench.policy_sweep import POLICIES, cell_traffic, sweep_engine
 from bench.prompts import PROSE, code_prompts
 from engine.engine import LLMEngine
 
@@ -95,7 +95,7 @@ def main() -> None:
 
 
 def new_engine(settings: dict) -> LLMEngine:
-    engine = make_engine("float32", "cpu", max_seq_len=1024, max_running=64, max_num_batched_tokens=2048)
+    engine = sweep_engine()
     set_policy(engine, **{"k": 4, **settings})
     return engine
 

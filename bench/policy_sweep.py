@@ -198,15 +198,17 @@ def make_engines(policies: dict[str, dict], dtype: str, device: str) -> dict[str
     (four ``off`` engines in lockstep: the first-made one was the slowest in 18 of 18 ratios over 6 runs; with an
     unused engine made first, the ratios straddled 1.0, median 1.002), and the adaptive policy, listed first,
     took that place in every sweep before this one."""
-    def make() -> LLMEngine:
-        return make_engine(dtype, device, max_seq_len=1024, max_running=64, max_num_batched_tokens=2048)
-
     if not _UNUSED:
-        _UNUSED.append(make())
-    engines = {name: make() for name in policies}
+        _UNUSED.append(sweep_engine(dtype, device))
+    engines = {name: sweep_engine(dtype, device) for name in policies}
     for name, settings in policies.items():
         set_policy(engines[name], **{"k": 4, **settings})
     return engines
+
+
+def sweep_engine(dtype: str = "float32", device: str = "cpu") -> LLMEngine:
+    """An engine as every sweep cell runs them (room for 64 requests of up to 1024 tokens)."""
+    return make_engine(dtype, device, max_seq_len=1024, max_running=64, max_num_batched_tokens=2048)
 
 
 def rotate_policies(engines: dict[str, LLMEngine]) -> None:
