@@ -82,12 +82,13 @@ def main() -> None:
             print(f"[{dtype}] {name}: {result['identical']}/{result['requests']} identical, "
                   f"{result['flips_per_1000_tokens']:.2f} flips per 1000 tokens", flush=True)
     print(table(rows, ["dtype", "config", "requests", "identical", "flips_per_1000_tokens"]))
-    path = save("bf16_divergence", {"args": vars(args), "rows": rows})
-    plot(rows)
+    name = "bf16_divergence" if args.device == "cpu" else f"bf16_divergence_{args.device.replace(':', '')}"
+    path = save(name, {"args": vars(args), "rows": rows})
+    plot(rows, name)
     print(f"saved {path}")
 
 
-def plot(rows: list[dict]) -> None:
+def plot(rows: list[dict], name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,7 +101,7 @@ def plot(rows: list[dict]) -> None:
     ax.set_ylabel("requests identical to batch-1 plain")
     ax.set_ylim(0, 1.05)
     fig.tight_layout()
-    fig.savefig(RESULTS / "bf16_divergence.png", dpi=110)
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Greedy exactness: every speculation mode emits exactly plain greedy's tokens, which equal
-transformers' greedy generate on the same checkpoint (CPU, float32, bundled pair)."""
+transformers' greedy generate on the same checkpoint (float32, bundled pair; on the CPU, and on CUDA
+where a GPU is present)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from tests.conftest import DRAFT, TARGET
 
 MAX_TOKENS = 24
 MODES = [("off", 1)] + [("draft", k) for k in range(1, 9)] + [("ngram", 4)]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-@pytest.fixture(scope="module")
-def engine() -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(TARGET), draft_model=str(DRAFT), dtype="float32", device="cpu",
+@pytest.fixture(scope="module", params=DEVICES)
+def engine(request) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(TARGET), draft_model=str(DRAFT), dtype="float32", device=request.param,
                                   max_seq_len=512, max_running=32, speculation="off"))
 
 
@@ -54,9 +56,10 @@ def plain(engine, prompts) -> list[list[int]]:
 def test_plain_greedy_equals_transformers(engine, prompts, plain):
     from transformers import LlamaForCausalLM
 
-    hf = LlamaForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    device = engine.config.torch_device
+    hf = LlamaForCausalLM.from_pretrained(TARGET, dtype=torch.float32).to(device).eval()
     for ids, ours in zip(prompts, plain):
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
+        out = hf.generate(torch.tensor([ids], device=device), max_new_tokens=MAX_TOKENS, do_sample=False,
                           pad_token_id=engine.tokenizer.pad_token_id)
         assert out[0, len(ids):].tolist() == ours
 

@@ -23,9 +23,9 @@ DRAWS = 1200
 PROMPTS = {"draft": "import", "ngram": "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\ny ="}
 
 
-@pytest.fixture(scope="module")
-def engine() -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(TARGET), draft_model=str(DRAFT), dtype="float32", device="cpu",
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def engine(request) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(TARGET), draft_model=str(DRAFT), dtype="float32", device=request.param,
                                   max_seq_len=64, max_running=256, max_waiting=DRAWS,
                                   max_num_batched_tokens=4096, speculation="off"))
 

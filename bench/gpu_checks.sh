@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU checks, as one script for a lent GPU machine (whose python3 holds a CUDA torch; no .venv needed):
+#   1. exactness on CUDA: the gpu-marked greedy and sampling exactness tests (float32);
+#   2. issue 2's roofline: decode of a random Llama-3.2-3B-shaped model in bf16, batch 1 and 16, vs transformers;
+#   3. how often bf16 batch shapes flip greedy near-ties on the GPU (bench/bf16_divergence.py);
+#   4. the policy sweep on the GPU, highest-value cells first, until the time budget runs out.
+# Each step has its own time limit and a failed step does not stop the others. Logs and results go to
+# ${OUT:-bench/results/gpu}; results are also tarred there as results.tgz (the device tool returns few files).
+#
+#   OUT=/tmp/gpu BUDGET_S=480 bash bench/gpu_checks.sh
+set -u
+OUT=${OUT:-bench/results/gpu}
+BUDGET_S=${BUDGET_S:-480}
+PY=${PY:-python3}
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+start=$SECONDS
+
+step() {  # step NAME LIMIT_S COMMAND...: run, log, report rc; never abort the script
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s, at $((SECONDS - start))s)"
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    tail -n 25 "$OUT/$name.log"
+    echo "== $name: rc $rc after $((SECONDS - start))s"
+}
+
+left() { echo $((BUDGET_S - (SECONDS - start))); }
+
+nvidia-smi -L
+$PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__,
+torch.cuda.get_device_name())"
+step exactness 150 $PY -m pytest -q -p no:cacheprovider -m gpu -W ignore::pytest.PytestConfigWarning \
+    tests/integration/test_exactness.py tests/integration/test_sampling_exactness.py
+step roofline 150 $PY -m bench.decode --device cuda --dtype bfloat16 --shape llama-3.2-3b --concurrency 1,16 \
+    --new-tokens 128
+step bf16_divergence 90 $PY -m bench.bf16_divergence --device cuda
+for cells in "code 0,1.0 8,32" "prose 0,1.0 8,32" "code 0.7 1,4"; do  # workload temperatures concurrency
+    [ "$(left)" -gt 60 ] || break
+    read -r workload temperatures concurrency <<<"$cells"
+    name=policy_sweep_cuda_${workload}_c${concurrency//,/_}_t${temperatures//[,.]/_}
+    step "$name" "$(left)" $PY -m bench.policy_sweep --device cuda --dtype bfloat16 --repeats 2 \
+        --workloads "$workload" --temperatures "$temperatures" --concurrency "$concurrency" --output "$name"
+done
+tar czf "$OUT/results.tgz" bench/results/*cuda* 2>/dev/null
+echo "done after $((SECONDS - start))s"
