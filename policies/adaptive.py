@@ -16,10 +16,11 @@ Five corrections on top of the pure optimum:
   such probes stays below ``exploration_max_loss`` of the predicted goodput (so no draft probes under
   heavy load, where each would add whole draft passes to a large batch), or, for one request per step,
   whatever it costs while that proposer's acceptance at the temperature is unlearned;
-- plan sampling: where the plan has come out all plain (probes included) ``PLAIN_STREAK`` times in a row at a
-  batch-size and temperature bucket, the steps there decode plainly unplanned, but for a fraction
-  ``REPLAN_RATE`` whose plan checks again (and exploration draws with it); a plan that speculates ends the
-  streak, and another load or temperature is planned at once. At 16-32 requests, where plain decode is
+- plan sampling: where steps have decoded plainly ``PLAIN_STREAK`` times in a row at a batch-size and
+  temperature bucket (by an all-plain plan, probes included, or by the goodput guard's veto), the steps
+  there decode plainly unplanned, but for a fraction ``REPLAN_RATE`` whose plan checks again (and
+  exploration draws with it); a plan that speculates ends the streak, and another load or temperature is
+  planned at once. At 16-32 requests, where plain decode is
   optimal, planning every step cost 0.6-1.5% of the run's time for nothing. The other steps do not ask the
   goodput guard either: the sampled ones ask it at ``1 / REPLAN_RATE`` times its probe rate, so its probes
   start as often per step. At 32 prose requests, T = 0.7 (~24 ms steps), unplanned steps that asked it took
@@ -53,7 +54,7 @@ from policies.guard import ALL_PROPOSERS, batch_bucket, measures_step
 from policies.learning import LearnedState, LearningPolicy
 from policies.settings import PolicySettings
 
-PLAIN_STREAK = 16  # all-plain plans in a row at a batch-size and temperature bucket before plans are sampled
+PLAIN_STREAK = 16  # plain steps in a row at a batch-size and temperature bucket before plans are sampled
 REPLAN_RATE = 0.125  # then, the chance per step that the plan is made (and may resume speculation)
 NEAR_TIE = 0.9  # speculation the model predicts at this share of plain decode's goodput or more is measured
 NAMED_MODES = ("draft", "ngram")  # a request's `speculation.mode` naming its proposer
@@ -67,7 +68,7 @@ class AdaptivePolicy(LearningPolicy):
         self._rng = random.Random(settings.seed if settings else 0)
         super().__init__(settings, learned)
         self._previous: dict[str, tuple[ProposerName, int]] = {}
-        self._plain_streak: dict[tuple[int, int], int] = {}  # (batch bucket, T bucket) -> all-plain plans in a row
+        self._plain_streak: dict[tuple[int, int], int] = {}  # (batch bucket, T bucket) -> plain steps in a row
         self.last_plan: BatchPlan | None = None  # for stats and tests: the last plan, probes included
 
     def decide(self, batch: BatchView) -> list[Decision]:
@@ -91,8 +92,9 @@ class AdaptivePolicy(LearningPolicy):
         measured = measures_step(len(requests), batch.num_prefilling)
         allowed = self._allowed_proposers(batch.load, measured, batch.num_prefilling,
                                           probe_boost=1.0 / REPLAN_RATE if sampled else 1.0)
-        if not allowed:
+        if not allowed:  # a plain step like an all-plain plan: it extends the streak (see the module docstring)
             self.last_plan = None
+            self._plain_streak[regime] = streak + 1
             return self._with_named_proposers(requests, [PLAIN] * len(requests))
         candidates = [self._candidate(view, allowed) for view in requests]
         coeffs = self.cost_model.coefficients()
