@@ -1,0 +1,109 @@
+"""Which engine steps stall, and is it the first time the step's shape ran? A diagnostic, not a benchmark.
+
+On an H200 (bf16, bundled pair, 8 code clients, T = 0) the adaptive policy read 0.71x ``off`` in three runs
+whose few speculative request-steps (8-31 a run, in runs of ~1500) took 30-50% of the run's time, while every
+fixed policy sped up. A suspected cause: a GPU pays for the first step of each new shape (lazily loaded
+kernels, allocator growth), the fixed policies repeat a few shapes, and the adaptive one, drafting now and
+then with varying k beside plain requests, keeps meeting new ones. This script serves one sweep cell with
+``off``, a fixed policy and ``adaptive`` in lockstep, records every step's time with its shape (tokens fed to
+the target, batch size, draft passes, draft batch size), and reports per policy the steps slower than
+``--factor`` x the median of steps of the same batch size and kind (plain or speculative), and how many of
+those ran a shape for the first time in the process::
+
+    python -m bench.step_stalls --device cuda --dtype bfloat16 --workload code --temperature 0 --concurrency 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+
+import torch
+
+from bench.common import run_engines_lockstep, save, table
+from bench.policy_sweep import POLICIES, cell_traffic, make_engines
+from bench.prompts import PROSE, code_prompts
+from policies.base import StepTiming
+
+SEEN: set[tuple[str, tuple[int, ...]]] = set()  # (model, shape) pairs the process has run
+
+
+def shapes(timing: StepTiming) -> list[tuple[str, tuple[int, ...]]]:
+    """The forward passes a step ran: the target's (tokens fed) and, if it drafted, the draft model's."""
+    passes = [("target", (timing.num_tokens,))]
+    if timing.num_draft_passes:
+        passes.append(("draft", (timing.num_draft_requests, timing.num_draft_passes,
+                                 timing.num_draft_catch_up_tokens > 0)))
+    return passes
+
+
+def record(engine, steps: list[dict]) -> None:
+    """Wrap the engine's policy so that every step timing lands in ``steps`` with whether its shapes were new."""
+    observe_step = engine.policy.observe_step
+
+    def observe(timing: StepTiming) -> None:
+        new = [shape for shape in shapes(timing) if shape not in SEEN]
+        SEEN.update(new)
+        steps.append({"batch": timing.batch_size, "speculative": timing.speculative, "seconds": timing.step_seconds,
+                      "new_shape": bool(new), "prefill": timing.num_prefilling > 0})
+        observe_step(timing)
+
+    engine.policy.observe_step = observe
+
+
+def stalls(steps: list[dict], factor: float) -> dict:
+    """Steps over ``factor`` x the median of their (batch size, kind), and the share of time they took."""
+    medians = {key: statistics.median(s["seconds"] for s in group) for key, group in _groups(steps).items()}
+    slow = [s for s in steps if s["seconds"] > factor * medians[(s["batch"], s["speculative"], s["prefill"])]]
+    total = sum(s["seconds"] for s in steps)
+    return {"steps": len(steps), "speculative_steps": sum(s["speculative"] for s in steps), "stalls": len(slow),
+            "stalls_on_new_shapes": sum(s["new_shape"] for s in slow),
+            "new_shape_steps": sum(s["new_shape"] for s in steps),
+            "stall_time_share": sum(s["seconds"] for s in slow) / total if total else 0.0}
+
+
+def _groups(steps: list[dict]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for s in steps:
+        groups[(s["batch"], s["speculative"], s["prefill"])].append(s)
+    return groups
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=["code", "prose"], default="code")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--fixed", default="ngram k=4", help="the fixed policy beside off and adaptive")
+    ap.add_argument("--runs", type=int, default=4)
+    ap.add_argument("--factor", type=float, default=3.0, help="a stall: this many times its kind's median")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    engines = make_engines({name: POLICIES[name] for name in ("off", args.fixed, "adaptive")}, args.dtype, args.device)
+    tokenizer = next(iter(engines.values())).tokenizer
+    num_requests = max(32, 4 * args.concurrency)
+    texts = code_prompts(num_requests, max_chars=500) if args.workload == "code" else PROSE
+    prompts, params = cell_traffic(tokenizer, texts, num_requests, args.temperature, 48, 0.5)
+    rows = []
+    for run in range(args.runs):
+        steps: dict[str, list[dict]] = {name: [] for name in engines}
+        for name, engine in engines.items():
+            record(engine, steps[name])
+        results = run_engines_lockstep(engines, prompts, params, max_in_flight=args.concurrency)
+        for name, engine in engines.items():
+            del engine.policy.observe_step  # the controller's own method again
+            rows.append({"run": run, "policy": name, "tok_s": results[name].tokens_per_s,
+                         "vs_off": results[name].tokens_per_s / results["off"].tokens_per_s,
+                         **stalls(steps[name], args.factor)})
+    columns = ["run", "policy", "tok_s", "vs_off", "steps", "speculative_steps", "stalls", "stalls_on_new_shapes",
+               "new_shape_steps", "stall_time_share"]
+    print(table(rows, columns))
+    name = f"step_stalls_{args.device.replace(':', '')}_{args.workload}_c{args.concurrency}"
+    print(f"saved {save(name, {'args': vars(args), 'rows': rows})}")
+
+
+if __name__ == "__main__":
+    main()
