@@ -26,6 +26,16 @@ steps and the plan had to finish a draft route's first figure; a0208c1 after (re
 At 4 clients two engines in six still stayed plain. One looked into had a first figure of 0.79x plain decode
 (12 steps, drafted at k = 7-8 while the draft fit was unsettled) that stood: the model, which the guard then
 lets decline probes, put speculation under 0.9x.
+
+A start like a GPU's first steps (an H200 ran its first cell at 1/6 of its later pace, and the guard kept a draft
+figure of 0.2x plain decode): 12 rounds stalled by 100 ms, code, T = 0, 8 clients, 6 engines, on a host 4x slower
+than the one above (``--stalled-rounds 12 --stall-ms 100 --concurrency 8 --temperature 0 --engines 6 --runs 3``).
+At 61b0972 the draft fit put 52-91 ms on every round (the stalls, a quarter of its rows, widened the outlier
+spread so that none was left out) and the rejection's confirming probe ran out unmeasured beside n-gram-only
+plans: 6/6 engines mostly plain in every run, median 0.82x, 0.95x, 0.93x draft k = 4. With the outlier spread
+measured from the residuals' median and the draft route's measurements kept from starving: 2/6, 4/6, 4/6, median
+0.80x, 0.95x, 0.96x, two engines at 1.02-1.03x in the last run (results/cold_start_heavy_code_c8*.json). Unstalled,
+the same cell reads 0.99-1.02x draft k = 4 (3 engines).
 """
 
 from __future__ import annotations

@@ -38,12 +38,15 @@ Five corrections on top of the pure optimum:
   speculated yet is declined and ends: it would plan each of its steps (plan sampling waits for bursts) and
   measure nothing. At 32 requests such bursts came about once per 240 steps and ran their 36 steps each.
   Measurements under way are not declined (a rejection's confirming probe, a first figure once begun, a near
-  miss short of its sure verdict): see `GoodputGuard.decline_measurement`.
+  miss short of its sure verdict): see `GoodputGuard.decline_measurement`. Nor are they left to starve where
+  the plan speculates with n-gram lookups alone (steps the guard books to the n-gram route): such a step takes
+  the best plan in which the draft model proposes (`_draft_measurement`).
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from policies.acceptance import temperature_bucket
 from policies.base import BatchView, Decision, ProposerName, RequestView
@@ -99,8 +102,11 @@ class AdaptivePolicy(LearningPolicy):
         candidates = [self._candidate(view, allowed) for view in requests]
         coeffs = self.cost_model.coefficients()
         plan = plan_batch(candidates, coeffs, batch.num_prefill_tokens, self.settings.hysteresis)
-        if not any(plan.ks) and measured and self.settings.goodput_guard:
-            plan = self._measured_speculation(batch.load, candidates, coeffs, plan)
+        if measured and self.settings.goodput_guard:
+            if not any(plan.ks):
+                plan = self._measured_speculation(batch.load, candidates, coeffs, plan)
+            elif not plan.num_draft_requests and self.guard.measuring_draft(batch.load, self.batch_temperature):
+                plan = self._draft_measurement(candidates, coeffs, plan)
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
         plan = self.last_plan = self._explore(plan, candidates, coeffs, requests)
@@ -140,6 +146,17 @@ class AdaptivePolicy(LearningPolicy):
                 or not self.guard.decline_measurement(load, self.batch_temperature)):
             return speculative
         return plain
+
+    def _draft_measurement(self, candidates: list[Candidate], coeffs: CostCoefficients, plan: BatchPlan) -> BatchPlan:
+        """The model's best plan in which every request speculates and the draft model proposes for some (for
+        all that may use it, if need be), where the guard's measurement of the draft route must go on but the plan
+        speculates with n-gram lookups alone; ``plan`` where no request may use the draft model."""
+        speculative = plan_batch(candidates, coeffs, 0, self.settings.hysteresis, speculate=True)
+        if speculative.num_draft_requests:
+            return speculative
+        draft_only = [replace(c, alpha_ngram=0.0, max_k_ngram=0) if c.max_k_draft else c for c in candidates]
+        speculative = plan_batch(draft_only, coeffs, 0, self.settings.hysteresis, speculate=True)
+        return speculative if speculative.num_draft_requests else plan
 
     def _with_named_proposers(self, requests: tuple[RequestView, ...], decisions: list[Decision]) -> list[Decision]:
         """A request that named its proposer (``speculation.mode`` "draft" or "ngram") speculates with it

@@ -370,8 +370,7 @@ class GoodputGuard:
         so dear that a first figure stopped at 3-11 steps and the engine decoded plainly for 1500-3000 steps in 5 of
         8 starts, while fixed draft k = 4 ran 1.4x faster."""
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
-        draft = (*key, "draft")
-        if draft in self._speculative and self._judge(*draft)[0] in (None, "measure more"):
+        if self._draft_unsettled(key):
             return False
         declined = True
         for route in PROPOSERS:
@@ -386,6 +385,21 @@ class GoodputGuard:
                 self._burst_left[(*key, route)] = 0
                 del self._probes[(*key, route)]
         return declined
+
+    def measuring_draft(self, batch_size: int, temperature: float) -> bool:
+        """Whether the draft route is under a measurement the plan may not decline here (see `decline_measurement`):
+        its first figure once begun, a near miss short of its sure verdict, or a rejection's confirming probe. The
+        plan must then use the draft model even where it would speculate with n-gram lookups alone: steps without a
+        draft-model user measure the n-gram route, and at 8 code requests, T = 0, a confirming probe of a rejection
+        made in stalled first rounds ran its ``PROBE_LIMIT`` steps without one, and the rejection stood for runs."""
+        key = (batch_bucket(batch_size), temperature_bucket(temperature))
+        probe = self._probes.get((*key, "draft"))
+        return self._draft_unsettled(key) or (probe is not None and probe.confirming)
+
+    def _draft_unsettled(self, key: tuple[int, int]) -> bool:
+        """The draft route's first figure is begun (its switch taken) but short, or a near miss needs more steps."""
+        draft = (*key, "draft")
+        return draft in self._speculative and self._judge(*draft)[0] in (None, "measure more")
 
     def speculation_evidence(self, batch_size: int, temperature: float) -> str | None:
         """What the measurements say of speculation with the draft model at this batch size and temperature: "wins"

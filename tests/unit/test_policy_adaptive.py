@@ -394,3 +394,25 @@ def test_a_begun_first_measurement_is_finished_though_the_model_says_speculation
         policy.observe_step(speculative)
     assert policy.guard.speculation_evidence(8, 0.0) == "wins"
     assert {d.k for d in policy.decide(batch)} == {1}
+
+
+def test_a_draft_measurement_under_way_uses_the_draft_model_where_the_plan_would_use_ngram_alone() -> None:
+    """Steps without a draft-model user measure the n-gram route: where the draft route's measurement must go on
+    (here its first figure, begun), a plan that would speculate with n-gram lookups alone drafts instead."""
+    policy = AdaptivePolicy(quiet(verify_cost_coefficients=(0.01, 0.0, 0.002), draft_cost_per_token=0.012))
+    for index in range(8):
+        teach(policy, f"r{index}", accepted=4, rounds=4, proposer="ngram")
+    batch = BatchView(tuple(view(f"r{index}", match=6) for index in range(8)))
+    assert {d.proposer for d in policy.decide(batch) if d.k} == {"ngram"}
+    for _ in range(3):
+        policy.observe_step(StepTiming(8, 8, 0.010, step_seconds=0.010, num_generated=8))
+    switch = StepTiming(8, 16, 0.012, 8, 0.030, 8, 1, num_draft_catch_up_tokens=800, step_seconds=0.042,
+                        num_generated=18)
+    speculative = StepTiming(8, 16, 0.012, 8, 0.004, 8, 1, step_seconds=0.016, num_generated=18)
+    for timing in (switch, speculative):
+        policy.observe_step(timing)
+    assert policy.guard.measuring_draft(8, 0.0)
+    for _ in range(11):
+        assert "draft" in {d.proposer for d in policy.decide(batch) if d.k}
+        policy.observe_step(speculative)
+    assert not policy.guard.measuring_draft(8, 0.0)  # the first figure is complete (a win: it holds)
