@@ -13,6 +13,7 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "assets" / "models" / "target"
 DRAFT = ROOT / "assets" / "models" / "draft"
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]  # engine tests that also run on a GPU, when one is here
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,11 +11,10 @@ from bench.prompts import PROSE, code_prompts
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.types import SamplingParams, SpeculationOverride
-from tests.conftest import DRAFT, TARGET
+from tests.conftest import DEVICES, DRAFT, TARGET
 
 MAX_TOKENS = 24
 MODES = [("off", 1)] + [("draft", k) for k in range(1, 9)] + [("ngram", 4)]
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.fixture(scope="module", params=DEVICES)

@@ -17,13 +17,13 @@ from scipy.stats import chi2_contingency
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.types import SamplingParams
-from tests.conftest import DRAFT, TARGET
+from tests.conftest import DEVICES, DRAFT, TARGET
 
 DRAWS = 1200
 PROMPTS = {"draft": "import", "ngram": "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\ny ="}
 
 
-@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.fixture(scope="module", params=DEVICES)
 def engine(request) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(TARGET), draft_model=str(DRAFT), dtype="float32", device=request.param,
                                   max_seq_len=64, max_running=256, max_waiting=DRAWS,
