@@ -47,7 +47,7 @@ PRIOR_PSEUDO_OBSERVATIONS = 2.0  # the defaults weigh as much as this many obser
 PRIOR_FLOOR = 1e-3  # keeps fully collinear directions at the prior
 KEPT_PLAIN_ROWS = 64  # the target's fit keeps this many of the last plain steps beyond its window
 KEPT_PLAIN_HORIZON = 3  # ... for at most this many windows' worth of later steps
-OUTLIER_SPREADS = 8.0  # a row this many robust spreads of the deleted residuals off the fit is left out
+OUTLIER_SPREADS = 8.0  # a row whose deleted residual is this many robust spreads off their median is left out
 WELL_DETERMINED = 0.05  # max relative error of a coefficient's share of a step for it to count as learned
 
 

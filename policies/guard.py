@@ -394,7 +394,7 @@ class GoodputGuard:
         made in stalled first rounds ran its ``PROBE_LIMIT`` steps without one, and the rejection stood for runs."""
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         probe = self._probes.get((*key, "draft"))
-        return self._draft_unsettled(key) or (probe is not None and probe.confirming)
+        return (probe is not None and probe.confirming) or self._draft_unsettled(key)  # the dict lookup first
 
     def _draft_unsettled(self, key: tuple[int, int]) -> bool:
         """The draft route's first figure is begun (its switch taken) but short, or a near miss needs more steps."""
