@@ -16,15 +16,12 @@ Five corrections on top of the pure optimum:
   such probes stays below ``exploration_max_loss`` of the predicted goodput (so no draft probes under
   heavy load, where each would add whole draft passes to a large batch), or, for one request per step,
   whatever it costs while that proposer's acceptance at the temperature is unlearned;
-- plan sampling: where the plan has come out all plain ``PLAIN_STREAK`` times in a row at a batch-size and
-  temperature bucket (exploration's probes aside, or by the goodput guard's veto), the steps
+- plan sampling: where steps have decoded plainly ``PLAIN_STREAK`` times in a row at a batch-size and
+  temperature bucket (by an all-plain plan, probes included, or by the goodput guard's veto), the steps
   there decode plainly unplanned, but for a fraction ``REPLAN_RATE`` whose plan checks again (and
   exploration draws with it); a plan that speculates ends the streak, and another load or temperature is
-  planned at once. Probes once ended it too: at 32 requests some request of nearly every other planned step
-  drew an exploration probe, so the streak rarely reached ``PLAIN_STREAK``, every step was planned, and ~2% of
-  the request-steps were k = 1 probes, each making its step verify a draft. The sampled steps explore at
-  ``1 / REPLAN_RATE`` times the rate, so a stuck request probes as often per step, in fewer steps. At 16-32
-  requests, where plain decode is optimal, planning every step cost 0.6-1.5% of the run's time for nothing. The other steps do not ask the
+  planned at once. At 16-32 requests, where plain decode is
+  optimal, planning every step cost 0.6-1.5% of the run's time for nothing. The other steps do not ask the
   goodput guard either: the sampled ones ask it at ``1 / REPLAN_RATE`` times its probe rate, so its probes
   start as often per step. At 32 prose requests, T = 0.7 (~24 ms steps), unplanned steps that asked it took
   46-57 us, those that do not 22 us; the policy's `decide` took 70-80 us on average, now 30-33 (``off``: 7);
@@ -112,9 +109,8 @@ class AdaptivePolicy(LearningPolicy):
                 plan = self._draft_measurement(candidates, coeffs, plan)
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
-        self._plain_streak[regime] = 0 if any(plan.ks) else streak + 1  # before exploration too (see the docstring)
-        plan = self.last_plan = self._explore(plan, candidates, coeffs, requests,
-                                              rate_boost=1.0 / REPLAN_RATE if sampled else 1.0)
+        plan = self.last_plan = self._explore(plan, candidates, coeffs, requests)
+        self._plain_streak[regime] = 0 if any(plan.ks) else streak + 1
         return self._with_named_proposers(requests, [Decision(k, proposer) if k > 0 else PLAIN
                                                      for k, proposer in zip(plan.ks, plan.proposers, strict=True)])
 
@@ -192,9 +188,8 @@ class AdaptivePolicy(LearningPolicy):
         )
 
     def _explore(self, plan: BatchPlan, candidates: list[Candidate], coeffs: CostCoefficients,
-                 requests: tuple[RequestView, ...], rate_boost: float = 1.0) -> BatchPlan:
+                 requests: tuple[RequestView, ...]) -> BatchPlan:
         """Turn some k = 0 requests into short probes; the expected cost of probing stays within budget.
-        ``rate_boost``: where only sampled steps are planned, each explores at that many times the rate.
 
         Each of the n stuck requests probes with probability ``rate``, so a probe is taken only if its
         predicted goodput loss is at most ``exploration_max_loss / (rate * n)``: one request alone may
@@ -208,7 +203,7 @@ class AdaptivePolicy(LearningPolicy):
         new engines, 32 prose requests at T = 0.7 and 2 clients drafted 3 and 54 tokens (550 tok/s; the
         other 8: 710-800). With it, 1 of 10 lagged (drafted 412 tokens, 530 tok/s).
         """
-        rate = min(1.0, self.settings.exploration_rate * rate_boost)
+        rate = self.settings.exploration_rate
         stuck = [i for i, c in enumerate(candidates) if plan.ks[i] == 0 and (c.max_k_draft or c.max_k_ngram)]
         if rate <= 0.0 or not stuck:
             return plan

@@ -81,24 +81,6 @@ def test_a_long_plain_streak_is_planned_only_now_and_then_and_a_lighter_load_at_
     assert policy.decide(BatchView((view("r0"),)))[0].k > 0
 
 
-def test_exploration_probes_do_not_end_a_plain_streak() -> None:
-    """A probe is the policy's own try, not the plan speculating: at 64 requests with exploration on, some request
-    draws a probe in most planned steps, and if probes ended the streak every step would be planned."""
-    policy = AdaptivePolicy(PolicySettings(exploration_rate=0.05, exploration_max_loss=1.0),
-                            LearnedState(cost_model=compute_bound_cost_model()))
-    for index in range(64):
-        teach(policy, f"r{index}", accepted=2, drafted=4, rounds=5)
-        teach(policy, f"r{index}", accepted=2, drafted=4, rounds=5, proposer="ngram")
-    crowd = BatchView(tuple(view(f"r{index}", match=4) for index in range(64)))
-    planned = probed = 0
-    for _ in range(16 + 400):
-        decisions = policy.decide(crowd)
-        planned += policy.last_plan is not None
-        probed += any(d.k for d in decisions)
-    assert probed > 16  # probes do happen, on the planned steps
-    assert 16 + 25 < planned < 16 + 80  # yet after the first streak only 1 in 8 steps is planned
-
-
 def test_unplanned_steps_skip_the_guard_and_sampled_ones_ask_it_at_a_boosted_probe_rate() -> None:
     """Asking the guard cost ~30 us a step at 32 requests: steps that plan sampling decodes plainly unplanned do
     not ask it, and so that its probes start as often per step, the sampled ones ask at 1 / REPLAN_RATE times
