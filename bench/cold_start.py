@@ -35,7 +35,9 @@ spread so that none was left out) and the rejection's confirming probe ran out u
 plans: 6/6 engines mostly plain in every run, median 0.82x, 0.95x, 0.93x draft k = 4. With the outlier spread
 measured from the residuals' median and the draft route's measurements kept from starving: 2/6, 4/6, 4/6, median
 0.80x, 0.95x, 0.96x, two engines at 1.02-1.03x in the last run (results/cold_start_heavy_code_c8*.json). Unstalled,
-the same cell reads 0.99-1.02x draft k = 4 (3 engines).
+the same cell reads 0.99-1.02x draft k = 4 (3 engines). On the faster host (629c7a6 and c7b87af side by side, one
+core each) both recover within the first run: median 0.55x, 1.01x, 0.99x and 0.56x, 1.00x, 1.00x draft k = 4
+(results/cold_start_heavy_code_c8_629c7a6.json).
 """
 
 from __future__ import annotations
