@@ -43,11 +43,12 @@ vCPUs are not alike (a 512 x 512 matmul: 3.0 ms +-3% on one, 2.2-3.6 ms on the o
 read 0.99x ``off`` on one vCPU and 0.95x on the other in the same hour). So the sweep uses one thread by
 default (``--threads``); pin it to one CPU, e.g. ``taskset -c 0``, and compare cells run on the same one.
 
-``--twin`` adds a noise control: a second copy of ``draft k=2``, judged like the adaptive policy (vs the
-best fixed policy, the copy itself left out of that choice) and against its original. Two identical
-policies show how far a cell's paired ratios stray by chance, and how often a policy that *is* a fixed
-one (the best one, in cells where draft k=2 is best) reads below 0.95x "best fixed": the best of four noisy
-medians is biased upwards.
+``--twin`` adds two noise controls, each a second copy of a policy judged like the adaptive one. A copy of
+``draft k=2`` is judged against the best fixed policy (the copy itself left out of that choice) and against
+its original: how often a policy that *is* a fixed one (the best one, in cells where draft k=2 is best)
+reads below 0.95x "best fixed" (the best of four noisy medians is biased upwards). A copy of ``off`` is
+judged against ``off``: how often a policy that decodes exactly as ``off`` does reads below 1.0x ``off``,
+the chance that the ">= 1.0x off" target fails in a cell where plain decode is the best policy there is.
 
 Each cell first runs every policy ``--warmup`` times untimed, as any benchmark warms up. For the
 adaptive policy this also stands for the traffic a long-running server has already served: it
@@ -77,6 +78,7 @@ POLICIES = {
     "ngram k=4": {"mode": "ngram", "k": 4},
 }
 TWIN, TWIN_OF = "draft k=2 (twin)", "draft k=2"
+OFF_TWIN = "off (twin)"  # a copy of ``off``: the noise control of the ">= 1.0x off" target
 
 
 def main() -> None:
@@ -95,7 +97,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs per cell and policy; the median is reported")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per cell and policy before the repeats")
     ap.add_argument("--output", default="policy_sweep", help="name of the JSON and PNG in bench/results/")
-    ap.add_argument("--twin", action="store_true", help="add a copy of draft k=2 as a noise control (see above)")
+    ap.add_argument("--twin", action="store_true", help="add copies of draft k=2 and off as noise controls (see above)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1,
@@ -119,6 +121,7 @@ def main() -> None:
         raise SystemExit("--policies: name at least one fixed policy to compare the adaptive one with")
     if args.twin:
         policies[TWIN] = policies[TWIN_OF] = POLICIES[TWIN_OF]
+        policies[OFF_TWIN] = POLICIES["off"]
     engines = make_engines(policies, args.dtype, args.device)
     tokenizer = next(iter(engines.values())).tokenizer
     rows, summary = [], []
@@ -165,7 +168,7 @@ def main() -> None:
                       f"adaptive {results['adaptive'].tokens_per_s:.0f} = {verdict['adaptive_vs_best_fixed']:.2f}x "
                       f"best fixed, {verdict['adaptive_vs_off']:.2f}x off (paired)", flush=True)
     print(table(rows, ["workload", "temperature", "concurrency", "policy", "tok_s", "tpot_ms", "vs_off", "acceptance"]))
-    twin_columns = ["twin_vs_best_fixed", "twin_vs_original"] if args.twin else []
+    twin_columns = ["twin_vs_best_fixed", "twin_vs_original", "off_twin_vs_off"] if args.twin else []
     print(table(summary, ["workload", "temperature", "concurrency", "best_fixed", "adaptive_vs_best_fixed",
                           "adaptive_vs_off", "spread", *twin_columns]))
     near_best = sum(c["adaptive_vs_best_fixed"] >= 0.95 for c in summary)
@@ -183,6 +186,9 @@ def main() -> None:
         print(f"noise control ({TWIN}): >= 0.95x best fixed in {twin_near_best}/{cells} cells, within 5% of "
               f"its original in {twin_close}/{cells}; geomean "
               f"{statistics.geometric_mean(c['twin_vs_best_fixed'] for c in summary):.3f}x best fixed")
+        off_twin_not_below = sum(c["off_twin_vs_off"] >= 1.0 for c in summary)
+        print(f"noise control ({OFF_TWIN}): >= 1.0x off in {off_twin_not_below}/{cells} cells, "
+              f"{min(c['off_twin_vs_off'] for c in summary):.3f}-{max(c['off_twin_vs_off'] for c in summary):.3f}x off")
     path = save(args.output, {"args": vars(args), "rows": rows, "summary": summary})
     plot(rows, args.output)
     print(f"saved {path}")
@@ -260,10 +266,11 @@ def output_lengths(num_requests: int, mean: int, spread: float) -> list[int]:
 def summarize_cell(cell: dict, runs: dict[str, list[RunResult]]) -> dict:
     """Adaptive vs off and vs the best fixed policy (highest median), each as the median of paired per-round
     ratios; ``spread``: the median over policies of (max - min) / median of their runs, the cell's noise.
-    With the twin (noise control) run: the twin vs the best fixed policy and vs its original, alike."""
+    With the twins (noise controls) run: the draft twin vs the best fixed policy and vs its original, the ``off`` twin
+    vs ``off``, alike."""
     median = statistics.median
     rates = {name: [r.tokens_per_s for r in rs] for name, rs in runs.items()}
-    best_fixed = max((name for name in rates if name not in ("off", "adaptive", TWIN)),
+    best_fixed = max((name for name in rates if name not in ("off", "adaptive", TWIN, OFF_TWIN)),
                      key=lambda name: median(rates[name]))
 
     def paired(name: str, other: str) -> float:
@@ -274,6 +281,8 @@ def summarize_cell(cell: dict, runs: dict[str, list[RunResult]]) -> dict:
                "adaptive_vs_off": paired("adaptive", "off"), "spread": spread}
     if TWIN in rates:
         summary |= {"twin_vs_best_fixed": paired(TWIN, best_fixed), "twin_vs_original": paired(TWIN, TWIN_OF)}
+    if OFF_TWIN in rates:
+        summary["off_twin_vs_off"] = paired(OFF_TWIN, "off")
     return summary
 
 

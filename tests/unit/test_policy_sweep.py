@@ -1,4 +1,4 @@
-"""The policy sweep's per-cell verdicts: paired ratios, the best fixed policy, and the twin noise control."""
+"""The policy sweep's per-cell verdicts: paired ratios, the best fixed policy, and the twin noise controls."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from types import SimpleNamespace
 import pytest
 
 from bench.common import RunResult
-from bench.policy_sweep import TWIN, TWIN_OF, rotate_policies, summarize_cell
+from bench.policy_sweep import OFF_TWIN, TWIN, TWIN_OF, rotate_policies, summarize_cell
 
 
 def runs(*rates: float) -> list[RunResult]:
     return [RunResult(seconds=1.0, num_tokens=int(rate)) for rate in rates]
 
 
-def test_cell_verdicts_are_medians_of_paired_ratios_and_the_twin_never_counts_as_best_fixed() -> None:
+def test_cell_verdicts_are_medians_of_paired_ratios_and_no_twin_counts_as_best_fixed() -> None:
     cell = {"workload": "code", "temperature": 0.0, "concurrency": 4}
     summary = summarize_cell(cell, {
         "adaptive": runs(110, 100, 120),
@@ -22,13 +22,16 @@ def test_cell_verdicts_are_medians_of_paired_ratios_and_the_twin_never_counts_as
         TWIN_OF: runs(100, 90, 130),  # median 100
         "draft k=4": runs(105, 95, 110),  # median 105: the best fixed policy
         TWIN: runs(200, 200, 200),  # faster than all, but a control: never "best fixed"
+        OFF_TWIN: runs(99, 102, 300),  # a control too
     })
     assert summary["best_fixed"] == "draft k=4"
     assert summary["adaptive_vs_best_fixed"] == pytest.approx(100 / 95)  # the median of 1.048, 1.053, 1.091
     assert summary["adaptive_vs_off"] == pytest.approx(1.1)
     assert summary["twin_vs_best_fixed"] == pytest.approx(200 / 105)
     assert summary["twin_vs_original"] == pytest.approx(200 / 100)
-    assert "twin_vs_original" not in summarize_cell(cell, {"adaptive": runs(1), "off": runs(1), TWIN_OF: runs(1)})
+    assert summary["off_twin_vs_off"] == pytest.approx(1.02)
+    without_twins = summarize_cell(cell, {"adaptive": runs(1), "off": runs(1), TWIN_OF: runs(1)})
+    assert "twin_vs_original" not in without_twins and "off_twin_vs_off" not in without_twins
 
 
 def test_policies_take_every_engine_in_turn() -> None:
