@@ -166,7 +166,9 @@ def main() -> None:
                 print(f"[{workload} T={temperature} c={n}] off {results['off'].tokens_per_s:.0f} tok/s, "
                       f"best fixed ({verdict['best_fixed']}) {results[verdict['best_fixed']].tokens_per_s:.0f}, "
                       f"adaptive {results['adaptive'].tokens_per_s:.0f} = {verdict['adaptive_vs_best_fixed']:.2f}x "
-                      f"best fixed, {verdict['adaptive_vs_off']:.2f}x off (paired)", flush=True)
+                      f"best fixed, {verdict['adaptive_vs_off']:.3f}x off (paired)"
+                      + (f"; twins: {TWIN} {verdict['twin_vs_best_fixed']:.2f}x best fixed, "
+                         f"{OFF_TWIN} {verdict['off_twin_vs_off']:.3f}x off" if args.twin else ""), flush=True)
     print(table(rows, ["workload", "temperature", "concurrency", "policy", "tok_s", "tpot_ms", "vs_off", "acceptance"]))
     twin_columns = ["twin_vs_best_fixed", "twin_vs_original", "off_twin_vs_off"] if args.twin else []
     print(table(summary, ["workload", "temperature", "concurrency", "best_fixed", "adaptive_vs_best_fixed",
