@@ -33,8 +33,6 @@ from policies import BatchView, Decision, PolicyController, PolicySettings, Requ
 
 log = logging.getLogger("specserve.engine")
 
-SHADOW_ROUND_K = 4  # drafts of a shadow n-gram round (a fixed n-gram policy's k): about what a plan would draft
-
 
 @dataclass
 class Planned:
@@ -189,7 +187,6 @@ class LLMEngine:
             self._observe_round(plan, result)
             plan.request.num_computed += 1 + result.num_accepted
             num_generated += self._commit(plan.request, result.token_ids, rows)
-        self._settle_shadow_rounds(plans)
         for chunk, rows in zip(sched.prefills, logits[len(plans):]):
             request = chunk.request
             request.num_computed = chunk.start + chunk.num_tokens
@@ -240,31 +237,7 @@ class LLMEngine:
             if k > 0:  # take the room now, so the next requests of this batch see it as used
                 cache.reserve(r.request_id, r.num_tokens + k)
             plans.append(Planned(r, k, decision.proposer))
-        self._open_shadow_rounds(plans, views)
         return plans
-
-    def _open_shadow_rounds(self, plans: list[Planned], views: list[RequestView]) -> None:
-        """Greedy requests the adaptive policy could give n-gram drafts, but that do not use them this step, get an
-        unverified n-gram proposal, judged against the tokens they emit next (engine/spec_decode/prompt_lookup.py):
-        the policy learns what the n-gram proposer would get for them without spending verification on it."""
-        if not self.policy.learns_from_shadow_rounds:
-            return
-        ngram, min_match = self.proposers["ngram"], self.policy.settings.ngram_min_match
-        for plan, view in zip(plans, views):
-            if (view.ngram_match_len >= min_match and view.override_mode == "auto" and plan.request.params.greedy
-                    and not (plan.k and plan.proposer == "ngram")):
-                ngram.open_shadow(plan.request, SHADOW_ROUND_K)
-
-    def _settle_shadow_rounds(self, plans: list[Planned]) -> None:
-        ngram = self.proposers["ngram"]
-        if not ngram.shadows:
-            return
-        for plan in plans:
-            settled = ngram.settle_shadow(plan.request)  # a finished request's round went with its n-gram state
-            if settled is not None:
-                request = plan.request
-                self.policy.observe(RoundOutcome(request.request_id, "ngram", request.params.temperature, *settled,
-                                                 shadow=True))
 
     def _needs_fixed_plan(self, request: Request) -> bool:
         """A seeded sampling request must reproduce its text whatever the load and the learned statistics.

@@ -130,12 +130,11 @@ class Dispersion:
 
 @dataclass
 class ProposerTotals:
-    """Undecayed totals for operators: what was drafted and accepted since start (shadow rounds apart)."""
+    """Undecayed totals for operators: what was drafted and accepted since start."""
 
     num_rounds: int = 0
     num_drafted: int = 0
     num_accepted: int = 0
-    num_shadow_rounds: int = 0
     per_bucket: list[DecayedCounts] = field(default_factory=lambda: [DecayedCounts() for _ in TEMPERATURE_BUCKETS])
 
 
@@ -167,12 +166,9 @@ class AcceptanceEstimator:
             counts = self._requests[key] = RequestCounts(bucket=bucket)
         counts.add(accepted, trials, 1.0 - self._settings.ewma_weight)
         totals = self._totals[outcome.proposer]
-        if outcome.shadow:  # learned from like a verified round, but nothing was drafted
-            totals.num_shadow_rounds += 1
-        else:
-            totals.num_rounds += 1
-            totals.num_drafted += outcome.num_drafted
-            totals.num_accepted += accepted
+        totals.num_rounds += 1
+        totals.num_drafted += outcome.num_drafted
+        totals.num_accepted += accepted
         totals.per_bucket[bucket].add(accepted, trials, GLOBAL_DECAY)
         self._shared.pop((outcome.proposer, bucket), None)
 
@@ -231,7 +227,6 @@ class AcceptanceEstimator:
                 "num_drafted": totals.num_drafted,
                 "num_accepted": totals.num_accepted,
                 "acceptance_rate": rate,
-                "num_shadow_rounds": totals.num_shadow_rounds,  # learned from, never verified (n-gram, greedy)
                 "alpha_by_temperature": {name: round(self.prior(proposer, t), 4) for name, t in buckets},
                 # how many trials the global rate weighs in each request's estimate (learned shrinkage)
                 "prior_trials_by_temperature": {name: round(self.prior_trials(proposer, t), 1) for name, t in buckets},

@@ -66,7 +66,6 @@ NO_OPTIONS = Candidate(alpha_draft=0.0, max_k_draft=0, alpha_ngram=0.0, max_k_ng
 
 class AdaptivePolicy(LearningPolicy):
     name = "adaptive"
-    learns_from_shadow_rounds = True  # its plan weighs the n-gram proposer for requests that do not use it now
 
     def __init__(self, settings: PolicySettings | None = None, learned: LearnedState | None = None) -> None:
         self._rng = random.Random(settings.seed if settings else 0)

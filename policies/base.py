@@ -59,7 +59,6 @@ class RoundOutcome:
     temperature: float
     num_drafted: int
     num_accepted: int
-    shadow: bool = False  # an unverified n-gram proposal, judged against a greedy request's text
 
 
 @dataclass(frozen=True)

@@ -63,11 +63,6 @@ class PolicyController:
         return self._settings
 
     @property
-    def learns_from_shadow_rounds(self) -> bool:
-        """Whether the engine should judge unverified n-gram proposals of greedy requests for the policy."""
-        return self._policy.learns_from_shadow_rounds
-
-    @property
     def pending_settings(self) -> PolicySettings | None:
         return self._pending
 

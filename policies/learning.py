@@ -37,7 +37,6 @@ class LearningPolicy:
     """Base of the concrete policies: holds settings and the shared learned state; subclasses decide."""
 
     name = "learning"
-    learns_from_shadow_rounds = False  # whether the engine should judge unverified n-gram proposals for it
 
     def __init__(self, settings: PolicySettings | None = None, learned: LearnedState | None = None) -> None:
         self.settings = settings or PolicySettings()

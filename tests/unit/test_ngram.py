@@ -1,5 +1,4 @@
-"""NgramIndex: prompt-lookup proposals on hand-written sequences, and a property test against brute force; the
-proposer's shadow rounds."""
+"""NgramIndex: prompt-lookup proposals on hand-written sequences, and a property test against brute force."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.spec_decode.ngram import NgramIndex
-from engine.spec_decode.prompt_lookup import NgramProposer
 
 
 def index_of(tokens: list[int], min_n: int = 2, max_n: int = 4) -> NgramIndex:
@@ -126,41 +124,3 @@ def test_incremental_index_matches_brute_force(chunks, min_n, extra_n, k):
 
     from_scratch = index_of(seen, min_n=min_n, max_n=max_n)
     assert (from_scratch.match_len(), from_scratch.propose(k)) == (index.match_len(), index.propose(k))
-
-
-class FakeRequest:
-    def __init__(self, prompt: list[int]) -> None:
-        self.request_id, self.prompt_ids, self.output_ids = "r", list(prompt), []
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
-
-    def tokens(self, start: int, end: int) -> list[int]:
-        return (self.prompt_ids + self.output_ids)[start:end]
-
-
-def test_a_shadow_round_ends_as_a_verified_round_would():
-    """An unverified proposal is judged against the tokens emitted next: at the first mismatch (drafted one past
-    the accepted prefix), or once every proposed token was emitted; while all so far match, it waits."""
-    proposer = NgramProposer(min_n=2, max_n=4)
-    request = FakeRequest([1, 2, 3, 4, 5, 9, 1, 2])  # proposes 3 4 5 9
-    proposer.open_shadow(request, 4)
-    assert proposer.shadows["r"].token_ids == [3, 4, 5, 9]
-    request.output_ids += [3, 4]
-    assert proposer.settle_shadow(request) is None  # all matched so far
-    proposer.open_shadow(request, 4)  # one pending round per request: this one is kept
-    assert proposer.shadows["r"].start == 0
-    request.output_ids += [7]
-    assert proposer.settle_shadow(request) == (3, 2)  # 3 4 accepted, 5 rejected
-    assert proposer.settle_shadow(request) is None and not proposer.shadows
-
-    request = FakeRequest([1, 2, 3, 4, 5, 9, 1, 2])
-    proposer.open_shadow(request, 2)
-    request.output_ids += [3, 4, 5]
-    assert proposer.settle_shadow(request) == (2, 2)  # the whole proposal accepted
-    proposer.open_shadow(request, 4)  # the suffix 4 5 matches: proposes 9 1 2 3
-    proposer.remove_request(request)  # finished, aborted or preempted: its round goes with it
-    assert not proposer.shadows
-    proposer.open_shadow(FakeRequest([1, 2, 3]), 4)  # no match: nothing to judge
-    assert not proposer.shadows

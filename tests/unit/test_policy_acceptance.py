@@ -89,19 +89,6 @@ def test_zero_drafted_rounds_are_ignored_and_summary_counts() -> None:
     assert estimator.summary()["ngram"]["acceptance_rate"] is None
 
 
-def test_shadow_rounds_teach_alpha_but_are_not_counted_as_drafted() -> None:
-    """An unverified n-gram proposal judged against a greedy text is evidence like a verified round, but nothing was
-    drafted or verified: the operators' totals and acceptance rate leave it out."""
-    estimator = AcceptanceEstimator(PolicySettings(warmup_rounds=0))
-    for _ in range(30):
-        estimator.observe(RoundOutcome("r", "ngram", 0.0, 4, 4, shadow=True))
-    assert estimator.alpha("r", "ngram", 0.0) > 0.9
-    assert estimator.is_learned("ngram", 0.0) and estimator.prior("ngram", 0.0) > 0.9
-    summary = estimator.summary()["ngram"]
-    assert (summary["num_rounds"], summary["num_drafted"], summary["num_shadow_rounds"]) == (0, 0, 30)
-    assert summary["acceptance_rate"] is None
-
-
 def finished_requests(estimator: AcceptanceEstimator, rng: random.Random, alphas, proposer="draft", rounds=10):
     for index, alpha in enumerate(alphas):
         request_id = f"{proposer}-{index}"
