@@ -1,0 +1,58 @@
+"""Pooling policy sweeps: rounds pair across policies within a sweep, intervals widen with noise, mixed traffic
+or hosts are refused."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from bench.sweep_pool import interval, load_rounds, summarize
+
+ARGS = {"new_tokens": 48, "length_spread": 0.5, "requests_per_client": 4, "min_requests": 32,
+        "device": "cpu", "dtype": "float32", "threads": 1}
+
+
+def sweep(tmp_path: Path, name: str, rates: dict[str, list[float]], processor: str = "cpu A", **args) -> Path:
+    rows = [{"workload": "code", "temperature": 0.0, "concurrency": 16, "policy": policy, "runs_tok_s": runs}
+            for policy, runs in rates.items()]
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"environment": {"processor": processor}, "args": {**ARGS, **args}, "rows": rows}))
+    return path
+
+
+def test_rounds_pool_across_sweeps_and_stay_paired(tmp_path: Path) -> None:
+    first = sweep(tmp_path, "a", {"adaptive": [110, 100], "off": [100, 100], "ngram k=4": [120, 90]})
+    second = sweep(tmp_path, "b", {"adaptive": [99], "off": [100], "draft k=2": [105], "off (twin)": [101]})
+    (cell, rounds), = load_rounds([first, second]).items()
+    assert cell == ("code", 0.0, 16)
+    assert rounds == [{"adaptive": 110, "off": 100, "ngram k=4": 120}, {"adaptive": 100, "off": 100, "ngram k=4": 90},
+                      {"adaptive": 99, "off": 100, "draft k=2": 105, "off (twin)": 101}]
+    summary = summarize(cell, rounds, 0.95)
+    assert summary["adaptive_vs_off"]["rounds"] == 3
+    assert summary["adaptive_vs_off"]["mean"] == pytest.approx((1.1 * 1.0 * 0.99) ** (1 / 3))
+    # draft k=2 ran one round only: no interval, so not the best fixed policy; ngram k=4's mean is 1.039
+    assert summary["best_fixed"] == "ngram k=4"
+    assert summary["adaptive_vs_best_fixed"]["mean"] == pytest.approx(math.sqrt(110 / 120 * 100 / 90))
+    assert "off_twin_vs_off" not in summary  # one round of the twin is no interval either
+
+
+def test_interval_is_a_t_interval_of_the_log_ratios() -> None:
+    logs = [0.01, -0.02, 0.03, 0.0]
+    result = interval(logs, 0.95)
+    mean, sd = sum(logs) / 4, (sum((x - sum(logs) / 4) ** 2 for x in logs) / 3) ** 0.5
+    half = stats.t.ppf(0.975, 3) * sd / 2
+    assert result == pytest.approx({"mean": math.exp(mean), "low": math.exp(mean - half),
+                                    "high": math.exp(mean + half), "rounds": 4})
+    assert interval(logs, 0.5)["high"] < result["high"]
+
+
+def test_sweeps_of_other_traffic_or_hosts_do_not_pool(tmp_path: Path) -> None:
+    base = sweep(tmp_path, "a", {"adaptive": [1.0], "off": [1.0]})
+    with pytest.raises(SystemExit, match="--new-tokens"):
+        load_rounds([base, sweep(tmp_path, "b", {"adaptive": [1.0], "off": [1.0]}, new_tokens=96)])
+    with pytest.raises(SystemExit, match="different hosts"):
+        load_rounds([base, sweep(tmp_path, "c", {"adaptive": [1.0], "off": [1.0]}, processor="cpu B")])
