@@ -75,8 +75,11 @@ def paired(rounds: list[Round], policy: str, other: str, confidence: float) -> d
 
 
 def summarize(cell: Cell, rounds: list[Round], confidence: float) -> dict:
-    fixed = {name: paired(rounds, name, "off", confidence) for r in rounds for name in r if name not in CONTROLS}
-    best = max((name for name, vs_off in fixed.items() if vs_off), key=lambda name: fixed[name]["mean"])  # type: ignore[index]
+    names = {name for r in rounds for name in r} - set(CONTROLS)
+    fixed = {name: vs_off for name in names if (vs_off := paired(rounds, name, "off", confidence))}
+    if not fixed:
+        raise SystemExit(f"{cell}: no fixed policy ran two rounds or more beside off")
+    best = max(fixed, key=lambda name: fixed[name]["mean"])
     out = {"workload": cell[0], "temperature": cell[1], "concurrency": cell[2], "rounds": len(rounds),
            "adaptive_vs_off": paired(rounds, "adaptive", "off", confidence), "best_fixed": best,
            "best_fixed_vs_off": fixed[best], "adaptive_vs_best_fixed": paired(rounds, "adaptive", best, confidence)}

@@ -50,9 +50,11 @@ def test_interval_is_a_t_interval_of_the_log_ratios() -> None:
     assert interval(logs, 0.5)["high"] < result["high"]
 
 
-def test_sweeps_of_other_traffic_or_hosts_do_not_pool(tmp_path: Path) -> None:
+def test_sweeps_of_other_traffic_or_hosts_or_without_a_fixed_policy_do_not_pool(tmp_path: Path) -> None:
     base = sweep(tmp_path, "a", {"adaptive": [1.0], "off": [1.0]})
     with pytest.raises(SystemExit, match="--new-tokens"):
         load_rounds([base, sweep(tmp_path, "b", {"adaptive": [1.0], "off": [1.0]}, new_tokens=96)])
     with pytest.raises(SystemExit, match="different hosts"):
         load_rounds([base, sweep(tmp_path, "c", {"adaptive": [1.0], "off": [1.0]}, processor="cpu B")])
+    with pytest.raises(SystemExit, match="no fixed policy"):
+        summarize(("code", 0.0, 16), [{"adaptive": 1.0, "off": 1.0}, {"adaptive": 1.1, "off": 1.0}], 0.95)
