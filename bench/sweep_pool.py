@@ -41,7 +41,7 @@ Round = dict[str, float]  # policy -> tokens/s of one lockstep round
 
 def load_rounds(paths: list[Path]) -> dict[Cell, list[Round]]:
     """Every timed round of every sweep, per cell; refuses sweeps whose traffic or host differ."""
-    docs = [json.loads(path.read_text()) for path in paths]
+    docs = [_sweep(path) for path in paths]
     for key in SAME_IN_ALL:
         values = {str(doc["args"].get(key)) for doc in docs}
         if len(values) > 1:
@@ -59,6 +59,16 @@ def load_rounds(paths: list[Path]) -> dict[Cell, list[Round]]:
         for cell, rates in per_cell.items():
             rounds[cell] += [dict(zip(rates, values, strict=True)) for values in zip(*rates.values(), strict=True)]
     return dict(rounds)
+
+
+def _sweep(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise SystemExit(f"{path}: not readable as JSON ({error})") from None
+    if not isinstance(doc, dict) or not {"args", "environment", "rows"} <= doc.keys():
+        raise SystemExit(f"{path}: not a policy_sweep result (needs its args, environment and rows)")
+    return doc
 
 
 def interval(log_ratios: list[float], confidence: float) -> dict[str, float | int]:

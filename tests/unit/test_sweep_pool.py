@@ -50,7 +50,7 @@ def test_interval_is_a_t_interval_of_the_log_ratios() -> None:
     assert interval(logs, 0.5)["high"] < result["high"]
 
 
-def test_sweeps_of_other_traffic_or_hosts_or_without_a_fixed_policy_do_not_pool(tmp_path: Path) -> None:
+def test_other_traffic_hosts_files_or_cells_without_a_fixed_policy_are_refused_clearly(tmp_path: Path) -> None:
     base = sweep(tmp_path, "a", {"adaptive": [1.0], "off": [1.0]})
     with pytest.raises(SystemExit, match="--new-tokens"):
         load_rounds([base, sweep(tmp_path, "b", {"adaptive": [1.0], "off": [1.0]}, new_tokens=96)])
@@ -58,3 +58,7 @@ def test_sweeps_of_other_traffic_or_hosts_or_without_a_fixed_policy_do_not_pool(
         load_rounds([base, sweep(tmp_path, "c", {"adaptive": [1.0], "off": [1.0]}, processor="cpu B")])
     with pytest.raises(SystemExit, match="no fixed policy"):
         summarize(("code", 0.0, 16), [{"adaptive": 1.0, "off": 1.0}, {"adaptive": 1.1, "off": 1.0}], 0.95)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"rows": []}))
+    with pytest.raises(SystemExit, match="not a policy_sweep result"):
+        load_rounds([other])
