@@ -106,11 +106,10 @@ def main() -> None:
     args = ap.parse_args()
     if not 0.0 < args.confidence < 1.0:
         raise SystemExit("--confidence must be in (0, 1)")
-    missing = [str(path) for path in args.sweeps if not path.is_file()]
-    if missing:
-        raise SystemExit(f"no such sweep: {', '.join(missing)}")
     cells = [summarize(cell, rounds, args.confidence) for cell, rounds in sorted(load_rounds(args.sweeps).items())
              if len(rounds) >= 2]
+    if not cells:
+        raise SystemExit("no cell has two rounds or more: pool more sweeps, or sweeps with --repeats >= 2")
     print(table([flat(c) for c in cells], list(flat(cells[0]))))
     below_off = [c for c in cells if c["adaptive_vs_off"]["high"] < 1.0]
     under_best = [c for c in cells if c["adaptive_vs_best_fixed"]["high"] < 0.95]
