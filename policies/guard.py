@@ -135,6 +135,15 @@ need not fall as T rises (the bundled pair's prose drafts are accepted 0.76 of t
 0.80 at T = 0.7, since rejection sampling accepts wherever the two distributions overlap), and greedy
 code, where n-gram lookups win, left the draft route rejected at T = 0 and so, inherited, at T = 0.7,
 where it paid 1.3x.
+
+A known weakness: a probe's short figure can read a win that sustained speculation does not deliver. At 32
+code requests, T = 0.7 (where every fixed policy ran 0.95-1.0x ``off``), a draft probe that began just after a
+run's synchronized start read 1.116x plain decode over 22 steps: its first measured steps had no joining
+prompts and ~15 draft catch-up tokens each (its unmeasured first step had caught every request up), where
+sustained speculation pays 150-400 a step, and the plain steps of that moment took ~25 ms beside the plain
+arm's 29.6. The figure then took 2-3 runs to fall under break-even, at 0.98x ``off``; such episodes are why
+that cell pools at 0.99x ``off``. Charging each step the traffic's average catch-up instead of its own cut that
+probe's 12-step figure only from 1.19x to 1.15x.
 """
 
 from __future__ import annotations
