@@ -142,8 +142,10 @@ run's synchronized start read 1.116x plain decode over 22 steps: its first measu
 prompts and ~15 draft catch-up tokens each (its unmeasured first step had caught every request up), where
 sustained speculation pays 150-400 a step, and the plain steps of that moment took ~25 ms beside the plain
 arm's 29.6. The figure then took 2-3 runs to fall under break-even, at 0.98x ``off``; such episodes are why
-that cell pools at 0.99x ``off``. Charging each step the traffic's average catch-up instead of its own cut that
-probe's 12-step figure only from 1.19x to 1.15x.
+that cell pooled at 0.990x ``off`` on an AMD EPYC VM (0.999x on an Intel Xeon one). Charging each step the
+traffic's average catch-up instead of its own cut that probe's 12-step figure only from 1.19x to 1.15x, and
+bursts that alternated speculative and plain steps (paired with plain decode of the same moment) ran that cell at
+0.994x ``off`` against 0.996x without (16 lockstep runs): neither was kept.
 """
 
 from __future__ import annotations
