@@ -136,16 +136,18 @@ need not fall as T rises (the bundled pair's prose drafts are accepted 0.76 of t
 code, where n-gram lookups win, left the draft route rejected at T = 0 and so, inherited, at T = 0.7,
 where it paid 1.3x.
 
-A known weakness: a probe's short figure can read a win that sustained speculation does not deliver. At 32
-code requests, T = 0.7 (where every fixed policy ran 0.95-1.0x ``off``), a draft probe that began just after a
-run's synchronized start read 1.116x plain decode over 22 steps: its first measured steps had no joining
-prompts and ~15 draft catch-up tokens each (its unmeasured first step had caught every request up), where
-sustained speculation pays 150-400 a step, and the plain steps of that moment took ~25 ms beside the plain
-arm's 29.6. The figure then took 2-3 runs to fall under break-even, at 0.98x ``off``; such episodes are why
-that cell pooled at 0.990x ``off`` on an AMD EPYC VM (0.999x on an Intel Xeon one). Charging each step the
-traffic's average catch-up instead of its own cut that probe's 12-step figure only from 1.19x to 1.15x, and
-bursts that alternated speculative and plain steps (paired with plain decode of the same moment) ran that cell at
-0.994x ``off`` against 0.996x without (16 lockstep runs): neither was kept.
+A known weakness, at 17-32 requests where speculation about breaks even: its figure can read a win that
+sustained speculation does not deliver. Two causes were measured at 32 code requests, T = 0.7 (where every
+fixed policy ran 0.95-1.0x ``off``): a probe begun right after a run's synchronized start read 1.116x plain
+decode over 22 steps (no prompt had joined yet: ~15 draft catch-up tokens a step against 150-400 sustained);
+and the step a whole batch's prompts arrive in is left out (`measures_step`) though, speculating on a winning
+verdict, it makes the draft model prefill every decoding request (1939 tokens, +0.33 s in a 12.9 s run). Such
+episodes run 0.95-0.97x ``off`` for a run or two: the cell pools at 0.992x ``off`` on an AMD EPYC VM (24
+rounds), 0.999x on an Intel Xeon one. Tried in lockstep A/B and not kept, none better beyond noise: charging
+every step the traffic's average catch-up; probe bursts alternating speculative and plain steps; no probe burst
+for 24 steps after prompts arrived at once (0.994x against 0.989x ``off`` over 22 runs, 0.996x against 1.008x
+at 16 requests); plain decode in every step the guard leaves out (0.997x against 0.984x over 12 runs, but
+3-4% lower at 8-16 requests, where it defers the catch-up into a measured step that crushes a 20-step figure).
 """
 
 from __future__ import annotations
