@@ -98,8 +98,16 @@ finishes in nearly every step and a new prompt joins the next, so single plain p
 which the plain arms leave out: at 32 code clients, T = 0.7, winning speculation took no plain sample in three
 runs, judged against plain steps measured a cell earlier (1633 tokens/s, where plain decode ran ~2200), and read
 1.06-1.15x plain decode while the runs read 0.94x ``off``. Plain decode frees the batch of its joins within a
-step or two. A plain sample after ``STALE_PLAIN_STEPS`` speculative steps of its bucket without one restarts its
-batch size's average, the old figure counting as one sample: it is from other traffic or another pace.
+step or two.
+
+Plain figures go stale with time, not with steps: a shared VM's pace can double within seconds. Winning speculation
+takes a plain probe once its bucket's latest plain sample is ``FRESH_SECONDS`` of steps old, and a sample that comes
+after so long restarts its average (a plain step's, or what joining prompts cost, above), the old figure counting as
+one sample. Where speculation clearly won, plain probes were too rare to follow the pace: at 32 code requests, held at
+a winning verdict, a plain step at 32 requests stood at 93 ms from a slow spell and the prompts' cost at 0.93 s per
+1000 tokens while both ran at half that, and speculation read 2.2-2.4x plain decode where the runs read 0.95-0.98x
+``off``. With fresh figures, the same runs' speculative steps read 0.87-1.07x (sums over each run) against whole
+runs at 0.95-0.97x.
 
 A near miss (speculation at ``NEAR_MISS`` or more of plain decode's rate, yet under its bar) rejects
 speculation only on ``SURE_SAMPLES`` steps; before that, it keeps speculating. Twelve steps, one of them
@@ -179,7 +187,7 @@ NEAR_MISS = 1.0 - 2 * REQUIRED_GAIN  # speculation at or above this ratio to pla
 CATCH_UP_WEIGHT = 0.25  # weight of the newest probe's catch-up cost in its average
 MAX_JOINING_SHARE = 0.25  # steps where more requests join (prefill) than 1 + this share of those decoding: unmeasured
 REGIME_SHIFT = 0.2  # plain decode's rate moved this much since rejected speculation was measured: measure it again
-STALE_PLAIN_STEPS = 8 * PROBE_BURST  # speculative steps of a bucket without a plain sample: its plain figure is stale
+FRESH_SECONDS = 2.0  # a bucket's plain figures are stale after this many seconds of steps without a sample of theirs
 ALL_PROPOSERS: frozenset[str] = frozenset(PROPOSERS)
 NO_PROPOSERS: frozenset[str] = frozenset()
 DRAFT_ONLY: frozenset[str] = frozenset({"draft"})
@@ -210,6 +218,7 @@ class _Arm:
     tokens: float = 0.0
     seconds: float = 0.0
     samples: int = 0
+    averaged: int = 0  # the samples the averages hold: a stale figure counts as one
     sizes: dict[int, float] = field(default_factory=dict)  # batch size -> its weight in the averages
     # speculative arms: each step paired with a plain step of its batch size as plain decode ran at that moment
     plain_tokens: float = 0.0
@@ -224,17 +233,18 @@ class _Arm:
     def add(self, tokens: float, seconds: float, batch_size: int, plain_seconds: float | None = None,
             plain_measured: bool = False, stale: bool = False) -> None:
         """One step; ``plain_seconds``: speculative steps' counterpart, a plain step of ``batch_size`` right now;
-        ``stale``: the figure so far counts as one sample (this one weighs half, the next a third, ...), and the batch
-        size as unmeasured until ``MIN_SAMPLES`` counting it."""
+        ``stale``: the figure so far is from another pace, and counts as one sample (this one weighs half, the next
+        a third, ...)."""
         if stale:
-            self.samples = min(self.samples, 1)
-        w = _ewma_weight(self.samples)
+            self.averaged = min(self.averaged, 1)
+        w = _ewma_weight(self.averaged)
         self.tokens += w * (tokens - self.tokens)
         self.seconds += w * (seconds - self.seconds)
         for size in self.sizes:
             self.sizes[size] *= 1.0 - w
         self.sizes[batch_size] = self.sizes.get(batch_size, 0.0) + w
         self.samples += 1
+        self.averaged += 1
         if plain_seconds is not None:
             self.plain_tokens += w * (batch_size - self.plain_tokens)
             self.plain_seconds += w * (plain_seconds - self.plain_seconds)
@@ -259,14 +269,19 @@ class _Joining:
     requests: float = 0.0
     extra_tokens: float = 0.0
     samples: int = 0
+    averaged: int = 0  # as in `_Arm`
 
-    def add(self, timing: StepTiming, extra_seconds: float) -> None:
-        w = _ewma_weight(self.samples)
+    def add(self, timing: StepTiming, extra_seconds: float, stale: bool = False) -> None:
+        """``stale``: as for `_Arm.add`."""
+        if stale:
+            self.averaged = min(self.averaged, 1)
+        w = _ewma_weight(self.averaged)
         self.prompt_tokens += w * (timing.num_prefill_tokens - self.prompt_tokens)
         self.extra_seconds += w * (extra_seconds - self.extra_seconds)
         self.requests += w * (timing.num_prefilling - self.requests)
         self.extra_tokens += w * (timing.num_generated - timing.batch_size - self.extra_tokens)
         self.samples += 1
+        self.averaged += 1
 
     def seconds(self, prompt_tokens: int) -> float:
         return prompt_tokens * self.extra_seconds / self.prompt_tokens if self.prompt_tokens > 0 else 0.0
@@ -292,21 +307,25 @@ class GoodputGuard:
         self._probes: dict[tuple[int, int, str], _Arm] = {}  # the speculative steps of a probe, measured afresh
         self._catch_up: dict[int, float] = {}  # per batch-size bucket: a draft probe's catch-up, in plain steps extra
         self._plain_probe_left: dict[int, int] = {}  # per batch-size bucket: steps left of an unmeasured plain probe
-        self._since_plain: dict[int, int] = {}  # per batch-size bucket: speculative steps since its last plain sample
+        self._clock = 0.0  # seconds of every step observed: the pace drifts with time, not with steps
+        self._plain_at: dict[int, float] = {}  # per batch-size bucket: the clock at its latest plain sample
+        self._joining_at: dict[int, float] = {}  # per batch-size bucket: the clock at its latest joining-cost sample
 
     def observe(self, timing: StepTiming, temperature: float = 0.0) -> None:
         """Record one step with decodes (and perhaps prompts joining); speculative iff it fed drafts to the target.
 
         ``temperature``: the mean sampling temperature of the step's requests.
         """
-        if (timing.step_seconds <= 0 or not math.isfinite(timing.step_seconds)
-                or not measures_step(timing.batch_size, timing.num_prefilling)):
+        if timing.step_seconds <= 0 or not math.isfinite(timing.step_seconds):
+            return
+        self._clock += timing.step_seconds
+        if not measures_step(timing.batch_size, timing.num_prefilling):
             return
         sample = (timing.num_generated, timing.step_seconds, timing.batch_size)
         bucket = batch_bucket(timing.batch_size)
         if not timing.speculative and not timing.num_prefilling:
             self._plain_probe_left.pop(bucket, None)
-            stale = self._since_plain.pop(bucket, 0) >= STALE_PLAIN_STEPS
+            stale = self._stale(self._plain_at, bucket)
             self._plain.setdefault(bucket, {}).setdefault(timing.batch_size, _Arm()).add(*sample, stale=stale)
             return
         plain_seconds, plain_measured = self._plain_seconds(bucket)
@@ -316,7 +335,7 @@ class GoodputGuard:
                 return
             joining = self._joining.setdefault(bucket, _Joining())
             if not timing.speculative:
-                joining.add(timing, timing.step_seconds - plain)
+                joining.add(timing, timing.step_seconds - plain, stale=self._stale(self._joining_at, bucket))
                 return
             prompts_seconds = joining.seconds(timing.num_prefill_tokens)
             if joining.samples < MIN_SAMPLES or timing.step_seconds <= prompts_seconds:
@@ -338,12 +357,18 @@ class GoodputGuard:
             return
         arm = probe if probe is not None else self._speculative.setdefault(key, _Arm())
         arm.add(*sample, plain_seconds=plain_seconds(timing.batch_size), plain_measured=plain_measured)
-        self._since_plain[bucket] = self._since_plain.get(bucket, 0) + 1
         arm.plain_reference = _mix_rate(arm.sizes, plain_seconds) or 0.0
         if probe is not None and probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
             self._speculative[key] = self._probes.pop(key)
             self._burst_left[key] = 0
             probe.probed = True
+
+    def _stale(self, sampled_at: dict[int, float], bucket: int) -> bool:
+        """Whether a sample of the bucket now finds its figure stale (``sampled_at``: when each bucket's was last
+        sampled, set to now)."""
+        last = sampled_at.get(bucket, self._clock)
+        sampled_at[bucket] = self._clock
+        return self._clock - last >= FRESH_SECONDS
 
     def _observe_catch_up(self, key: tuple[int, int, str], batch_size: int, seconds: float) -> None:
         """What a probe's catch-up step cost beyond an ordinary speculative step, in plain steps: not part of
@@ -493,10 +518,11 @@ class GoodputGuard:
         return ("speculate" if left > 0 else "rejected"), verdict
 
     def _plain_probe(self, bucket: int, rng: random.Random, rate: float) -> bool:
-        """Whether this step decodes plainly to measure plain decode: at ``rate``, and then on until a plain step of
-        the bucket without joining prompts is measured (at most ``PROBE_LIMIT`` steps; see the module docstring)."""
+        """Whether this step decodes plainly to measure plain decode: at ``rate`` or once the bucket's plain figures
+        are ``FRESH_SECONDS`` old, and then on until a plain step of the bucket without joining prompts is measured
+        (at most ``PROBE_LIMIT`` steps; see the module docstring)."""
         left = self._plain_probe_left.get(bucket, 0)
-        if not left and rng.random() < rate:
+        if not left and (rng.random() < rate or self._clock - self._plain_at.get(bucket, self._clock) >= FRESH_SECONDS):
             left = PROBE_LIMIT
         if left:
             self._plain_probe_left[bucket] = left - 1

@@ -22,6 +22,7 @@ from policies import (
 from policies.guard import (
     ALL_PROPOSERS,
     DRAFT_ONLY,
+    FRESH_SECONDS,
     MAX_PROBE_BOOST,
     MEASURE_PLAIN_RATE,
     MIN_SAMPLES,
@@ -30,7 +31,6 @@ from policies.guard import (
     PROBE_BURST,
     PROBE_LIMIT,
     REGIME_SHIFT,
-    STALE_PLAIN_STEPS,
     SURE_SAMPLES,
     GoodputGuard,
     batch_bucket,
@@ -775,15 +775,45 @@ def test_a_plain_probe_holds_until_a_plain_step_without_joining_prompts_measures
     assert "draft" in fresh.allowed_proposers(32, 0.0, rng, 0.0)
 
 
-@pytest.mark.parametrize(("speculative_steps", "low", "high"), [(STALE_PLAIN_STEPS, 1850, 2000), (10, 1600, 1700)])
+@pytest.mark.parametrize(("speculative_steps", "low", "high"),
+                         [(round(FRESH_SECONDS / 0.020), 1850, 2000), (10, 1600, 1700)])
 def test_a_plain_sample_after_long_speculation_restarts_its_batch_sizes_figure(speculative_steps: int, low: float,
                                                                                 high: float) -> None:
-    """The old figure counts as one sample against a plain step that comes after STALE_PLAIN_STEPS speculative
-    steps of its bucket without one (it is from other traffic or another pace), as one of ~20 otherwise."""
+    """The old figure counts as one sample against a plain step that comes after FRESH_SECONDS of steps without
+    one in its bucket (it is from other traffic or another pace), as one of ~20 otherwise."""
     guard = winning_at_32()
     for _ in range(speculative_steps):
         guard.observe(step(32, True, 64, 0.020))
     guard.observe(step(32, False, 32, 0.0133))  # plain decode now runs at 2400 tokens/s
     [bucket] = guard.summary()
     assert low < bucket["plain"]["tokens_per_s"] < high
+
+
+def test_winning_speculation_measures_plain_decode_once_its_plain_figure_is_fresh_seconds_old() -> None:
+    """However clearly speculation wins, its bucket takes a plain sample every FRESH_SECONDS: the winning figure is
+    paired with plain decode's, and a plain figure from another pace made speculation read 2.3x plain decode at 32
+    requests while its run read 0.98x ``off``."""
+    guard, rng = winning_at_32(), random.Random(0)
+    spec_step = step(32, True, 64, 0.020)
+    steps = 0
+    while "draft" in guard.allowed_proposers(32, 0.0, rng, 0.0):
+        guard.observe(spec_step)
+        steps += 1
+    assert steps == pytest.approx(FRESH_SECONDS / 0.020, abs=1)
+    guard.observe(step(32, False, 32, 0.020))
+    assert "draft" in guard.allowed_proposers(32, 0.0, rng, 0.0)
+
+
+def test_what_joining_prompts_cost_restarts_from_a_sample_after_fresh_seconds() -> None:
+    """The prompts' cost taken off a joined speculative step is a plain figure too: learned at another pace, it
+    took 2.4x what the prompts cost off such steps, and speculation read 1.7x plain decode."""
+    guard = GoodputGuard()
+    for _ in range(20):
+        guard.observe(step(24, False, 24, 0.040))
+        guard.observe(joining(step(24, False, 24, 0.100), 2))  # two prompts add 60 ms
+    for _ in range(round(FRESH_SECONDS / 0.040)):
+        guard.observe(step(24, True, 52, 0.040))
+    guard.observe(joining(step(24, False, 24, 0.060), 2))  # now 20 ms
+    guard.observe(joining(step(24, True, 52, 0.080), 2))  # the mean of 60 and 20 ms taken off: 40 ms, as unjoined
+    assert guard._speculative[(batch_bucket(24), 0, "draft")].seconds == pytest.approx(0.040, abs=1e-5)
 
