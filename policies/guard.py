@@ -144,23 +144,24 @@ need not fall as T rises (the bundled pair's prose drafts are accepted 0.76 of t
 code, where n-gram lookups win, left the draft route rejected at T = 0 and so, inherited, at T = 0.7,
 where it paid 1.3x.
 
-A known weakness, at 17-32 requests where speculation about breaks even: its figure can read a win that
-sustained speculation does not deliver. Two causes were measured at 32 code requests, T = 0.7 (where every fixed
-policy ran 0.95-1.0x ``off``): a probe begun right after a run's synchronized start read 1.116x plain decode
-over 22 steps (no prompt had joined yet: ~15 draft catch-up tokens a step against 150-400 sustained); and the
-step a whole batch's prompts arrive in is left out (`measures_step`) though, speculating on a winning verdict,
-it makes the draft model prefill every decoding request (1939 tokens, +0.33 s in a 12.9 s run of forced
-speculation). A third lead: held at a winning verdict, the draft route read 1.12-1.34x plain decode in 7 of 10
-runs that ran 0.93-0.99x ``off``, paired with a plain arm at 32 requests of 2-10 samples that read 3-24% below
-``off``'s own steps (in one pair of processes, not in a second). Such episodes run 0.95-0.97x ``off`` for a run
-or two: the cell pools at 0.992x ``off`` on an AMD EPYC VM (24 rounds), 0.999x on an Intel Xeon one. Tried and
-not kept, none better beyond noise: charging every step the traffic's average catch-up (offline, on a probe's
-logs: 1.19x to 1.15x); in lockstep A/B, probe bursts alternating speculative and plain steps; no probe burst for
-24 steps after prompts arrived at once (0.994x against 0.989x ``off`` over 22 runs, 0.996x against 1.008x at 16
-requests); plain decode in every step the guard leaves out (0.997x against 0.984x over 12 runs, but 3-4% lower
-at 8-16 requests, 3 runs each, where it defers the catch-up into a measured step that crushes a 20-step figure);
-a win at a large batch only once its plain arms hold 12 samples (0.991x against 0.997x ``off`` over 10 runs: a
-speculative step keeps the plain time it was paired with).
+A known weakness, at 17-32 requests where speculation about breaks even: its figure can read a win that sustained
+speculation does not deliver. Two causes were measured at 32 code requests, T = 0.7 (where every fixed policy ran
+0.95-1.0x ``off``): a probe begun right after a run's synchronized start read 1.116x plain decode over 22 steps (no
+prompt had joined yet: ~15 draft catch-up tokens a step against 150-400 sustained); and the step a whole batch's
+prompts arrive in is left out (`measures_step`) though, speculating on a winning verdict, it makes the draft model
+prefill every decoding request (1939 tokens, +0.33 s in a 12.9 s run of forced speculation). A third, mended by
+``FRESH_SECONDS``: held at a winning verdict, speculation was paired with plain figures from another pace (a plain
+arm and a joining cost that rare plain probes no longer moved). What remains is noise: with fresh figures, a run's
+speculative steps at 32 code requests read 0.87-1.07x plain decode (summed over the run) where the runs read
+0.95-0.97x ``off``, and a 20-step figure moves more than that, so a win that is not there is now and then taken up
+and held down to break-even. Before that fix the cell pooled at 0.992x ``off`` on an AMD EPYC VM (24 rounds),
+0.999x on an Intel Xeon one. Tried and not kept, none better beyond noise: charging every step the traffic's
+average catch-up (offline, on a probe's logs: 1.19x to 1.15x); in lockstep A/B, probe bursts alternating
+speculative and plain steps; no probe burst for 24 steps after prompts arrived at once (0.994x against 0.989x
+``off`` over 22 runs, 0.996x against 1.008x at 16 requests); plain decode in every step the guard leaves out
+(0.997x against 0.984x over 12 runs, but 3-4% lower at 8-16 requests, 3 runs each, where it defers the catch-up
+into a measured step that crushes a 20-step figure); a win at a large batch only once its plain arms hold 12
+samples (0.991x against 0.997x ``off`` over 10 runs: a speculative step keeps the plain time it was paired with).
 """
 
 from __future__ import annotations
