@@ -794,10 +794,9 @@ def test_winning_speculation_measures_plain_decode_once_its_plain_figure_is_fres
     paired with plain decode's, and a plain figure from another pace made speculation read 2.3x plain decode at 32
     requests while its run read 0.98x ``off``."""
     guard, rng = winning_at_32(), random.Random(0)
-    spec_step = step(32, True, 64, 0.020)
     steps = 0
-    while "draft" in guard.allowed_proposers(32, 0.0, rng, 0.0):
-        guard.observe(spec_step)
+    while "draft" in guard.allowed_proposers(32, 0.0, rng, 0.0) and steps < 1000:
+        guard.observe(step(32, True, 64, 0.020))
         steps += 1
     assert steps == pytest.approx(FRESH_SECONDS / 0.020, abs=1)
     guard.observe(step(32, False, 32, 0.020))
