@@ -209,6 +209,14 @@ def _ewma_weight(samples: int) -> float:
     return max(EWMA_WEIGHT, 1.0 / (samples + 1))
 
 
+def _sample_weight(averaged: int, stale: bool) -> tuple[float, int]:
+    """(the newest sample's weight, the samples the averages then hold) after ``averaged`` earlier ones; ``stale``:
+    the figure so far counts as one sample."""
+    if stale:
+        averaged = min(averaged, 1)
+    return _ewma_weight(averaged), averaged + 1
+
+
 def batch_bucket(batch_size: int) -> int:
     """1, 2, 3-4, 5-8, ... -> 0, 1, 2, 3, ...: per-token costs change slowly with batch size."""
     return (max(1, batch_size) - 1).bit_length()  # ceil(log2(batch_size)), exactly
@@ -236,16 +244,13 @@ class _Arm:
         """One step; ``plain_seconds``: speculative steps' counterpart, a plain step of ``batch_size`` right now;
         ``stale``: the figure so far is from another pace, and counts as one sample (this one weighs half, the next
         a third, ...)."""
-        if stale:
-            self.averaged = min(self.averaged, 1)
-        w = _ewma_weight(self.averaged)
+        w, self.averaged = _sample_weight(self.averaged, stale)
         self.tokens += w * (tokens - self.tokens)
         self.seconds += w * (seconds - self.seconds)
         for size in self.sizes:
             self.sizes[size] *= 1.0 - w
         self.sizes[batch_size] = self.sizes.get(batch_size, 0.0) + w
         self.samples += 1
-        self.averaged += 1
         if plain_seconds is not None:
             self.plain_tokens += w * (batch_size - self.plain_tokens)
             self.plain_seconds += w * (plain_seconds - self.plain_seconds)
@@ -274,15 +279,12 @@ class _Joining:
 
     def add(self, timing: StepTiming, extra_seconds: float, stale: bool = False) -> None:
         """``stale``: as for `_Arm.add`."""
-        if stale:
-            self.averaged = min(self.averaged, 1)
-        w = _ewma_weight(self.averaged)
+        w, self.averaged = _sample_weight(self.averaged, stale)
         self.prompt_tokens += w * (timing.num_prefill_tokens - self.prompt_tokens)
         self.extra_seconds += w * (extra_seconds - self.extra_seconds)
         self.requests += w * (timing.num_prefilling - self.requests)
         self.extra_tokens += w * (timing.num_generated - timing.batch_size - self.extra_tokens)
         self.samples += 1
-        self.averaged += 1
 
     def seconds(self, prompt_tokens: int) -> float:
         return prompt_tokens * self.extra_seconds / self.prompt_tokens if self.prompt_tokens > 0 else 0.0
@@ -367,9 +369,13 @@ class GoodputGuard:
     def _stale(self, sampled_at: dict[int, float], bucket: int) -> bool:
         """Whether a sample of the bucket now finds its figure stale (``sampled_at``: when each bucket's was last
         sampled, set to now)."""
-        last = sampled_at.get(bucket, self._clock)
+        stale = self._is_old(sampled_at, bucket)
         sampled_at[bucket] = self._clock
-        return self._clock - last >= FRESH_SECONDS
+        return stale
+
+    def _is_old(self, sampled_at: dict[int, float], bucket: int) -> bool:
+        """Whether the bucket's latest sample in ``sampled_at`` is ``FRESH_SECONDS`` of steps old (none: not old)."""
+        return self._clock - sampled_at.get(bucket, self._clock) >= FRESH_SECONDS
 
     def _observe_catch_up(self, key: tuple[int, int, str], batch_size: int, seconds: float) -> None:
         """What a probe's catch-up step cost beyond an ordinary speculative step, in plain steps: not part of
@@ -523,7 +529,7 @@ class GoodputGuard:
         are ``FRESH_SECONDS`` old, and then on until a plain step of the bucket without joining prompts is measured
         (at most ``PROBE_LIMIT`` steps; see the module docstring)."""
         left = self._plain_probe_left.get(bucket, 0)
-        if not left and (rng.random() < rate or self._clock - self._plain_at.get(bucket, self._clock) >= FRESH_SECONDS):
+        if not left and (rng.random() < rate or self._is_old(self._plain_at, bucket)):
             left = PROBE_LIMIT
         if left:
             self._plain_probe_left[bucket] = left - 1
