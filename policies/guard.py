@@ -87,7 +87,8 @@ is probed at a rate scaled by what a probe is expected to lose: up to ``MAX_PROB
 ``probe_rate`` where it fell just short of its bar (probing it costs next to nothing there, and a verdict
 that noise turned against it must not stick: with one burst per ~240 steps, a cell of 40-step runs
 decoded plainly for three runs while fixed speculation ran 1.3x faster), and more rarely the more clearly
-it lost (a probe at a large batch first makes the draft model prefill every request). Likewise winning
+it lost (a probe at a large batch first makes the draft model prefill every request), or the more its bursts
+measurably lost: each burst is measured whole against plain decode (`_charge_probes`). Likewise winning
 speculation takes plain steps the more rarely the more clearly it wins (see ``_probe_scale``). A bucket where
 plain decode was never measured compares speculation with the cost model's plain rate instead, and takes
 plain steps at a higher rate until it has ``MIN_SAMPLES`` of them.
@@ -238,6 +239,7 @@ class _Arm:
     winning: bool = False  # speculative arms: the verdict acted on last was "speculate"; it holds down to break-even
     catching_up: bool = False  # draft-route probes: the first speculative step (the draft's catch-up) is still due
     confirming: bool = False  # probes: the first of a rejection, which the plan may not decline
+    loss: float = 0.0  # probes: plain steps their burst lost so far against plain decode (`_charge_probes`)
 
     def add(self, tokens: float, seconds: float, batch_size: int, plain_seconds: float | None = None,
             plain_measured: bool = False, stale: bool = False) -> None:
@@ -309,6 +311,7 @@ class GoodputGuard:
         self._burst_left: dict[tuple[int, int, str], int] = {}  # steps left of a speculative probe burst
         self._probes: dict[tuple[int, int, str], _Arm] = {}  # the speculative steps of a probe, measured afresh
         self._catch_up: dict[int, float] = {}  # per batch-size bucket: a draft probe's catch-up, in plain steps extra
+        self._burst_loss: dict[tuple[int, int, str], float] = {}  # what a probe burst cost, in plain steps (an EWMA)
         self._plain_probe_left: dict[int, int] = {}  # per batch-size bucket: steps left of an unmeasured plain probe
         self._clock = 0.0  # seconds of every step observed: the pace drifts with time, not with steps
         self._plain_at: dict[int, float] = {}  # per batch-size bucket: the clock at its latest plain sample
@@ -326,6 +329,7 @@ class GoodputGuard:
             return
         sample = (timing.num_generated, timing.step_seconds, timing.batch_size)
         bucket = batch_bucket(timing.batch_size)
+        self._charge_probes(timing, (bucket, temperature_bucket(temperature)))
         if not timing.speculative and not timing.num_prefilling:
             self._plain_probe_left.pop(bucket, None)
             stale = self._stale(self._plain_at, bucket)
@@ -362,7 +366,7 @@ class GoodputGuard:
         arm.add(*sample, plain_seconds=plain_seconds(timing.batch_size), plain_measured=plain_measured)
         arm.plain_reference = _mix_rate(arm.sizes, plain_seconds) or 0.0
         if probe is not None and probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
-            self._speculative[key] = self._probes.pop(key)
+            self._speculative[key] = self._end_probe(key)
             self._burst_left[key] = 0
             probe.probed = True
 
@@ -376,6 +380,34 @@ class GoodputGuard:
     def _is_old(self, sampled_at: dict[int, float], bucket: int) -> bool:
         """Whether the bucket's latest sample in ``sampled_at`` is ``FRESH_SECONDS`` of steps old (none: not old)."""
         return self._clock - sampled_at.get(bucket, self._clock) >= FRESH_SECONDS
+
+    def _charge_probes(self, timing: StepTiming, key: tuple[int, int]) -> None:
+        """Charge each probe burst under way at this batch-size and temperature bucket what the step lost against
+        plain decode, in plain steps: its seconds over a plain step's, less the tokens it emitted over the batch's
+        (joining prompts taken off, as they cost plain decode alike). Every step of the burst counts: its catch-up,
+        the steps the plan decoded plainly, the draft model's prefill of prompts that joined."""
+        probes = [probe for route in PROPOSERS if (probe := self._probes.get((*key, route))) is not None]
+        if not probes:
+            return
+        plain = self._plain_seconds(key[0])[0](timing.batch_size)
+        if not plain:
+            return
+        seconds, tokens = timing.step_seconds, float(timing.num_generated)
+        if timing.num_prefilling:
+            joining = self._joining.get(key[0])
+            if joining is None or joining.samples < MIN_SAMPLES:
+                return
+            seconds -= joining.seconds(timing.num_prefill_tokens)
+            tokens -= joining.tokens(timing.num_prefilling)
+        for probe in probes:
+            probe.loss += seconds / plain - tokens / timing.batch_size
+
+    def _end_probe(self, key: tuple[int, int, str]) -> _Arm:
+        """Remove the probe under way at ``key`` and fold what its burst cost into the route's average."""
+        probe = self._probes.pop(key)
+        known = self._burst_loss.get(key)
+        self._burst_loss[key] = probe.loss if known is None else known + CATCH_UP_WEIGHT * (probe.loss - known)
+        return probe
 
     def _observe_catch_up(self, key: tuple[int, int, str], batch_size: int, seconds: float) -> None:
         """What a probe's catch-up step cost beyond an ordinary speculative step, in plain steps: not part of
@@ -502,6 +534,7 @@ class GoodputGuard:
             probe_rate *= MAX_PROBE_BOOST  # sustained speculation lost: a probe checks it soon
         elif verdict is not None:  # the closer the verdict, the more often the other arm is measured
             probe_rate *= _probe_scale(vs_plain, self._catch_up.get(key[0], 0.0) if key[2] == "draft" else 0.0,
+                                       burst_loss=self._burst_loss.get(key),
                                        winning=verdict == "speculate")
         if verdict == "speculate":
             self._speculative[key].probed = False  # should it lose from here on, a probe checks that soon
@@ -520,8 +553,8 @@ class GoodputGuard:
                 spec = self._speculative[key]
                 spec.plain_reference = self._plain_rate(key[0], spec.sizes)[0] or spec.plain_reference
         self._burst_left[key] = max(0, left - 1)
-        if left == 1:  # the burst ends before its probe measured enough (the plan decoded plainly): drop the probe
-            self._probes.pop(key, None)
+        if left == 1 and key in self._probes:  # the burst ends before its probe measured enough: drop the probe
+            self._end_probe(key)
         return ("speculate" if left > 0 else "rejected"), verdict
 
     def _plain_probe(self, bucket: int, rng: random.Random, rate: float) -> bool:
@@ -615,7 +648,8 @@ class GoodputGuard:
                     plain_rate, plain_measured = self._plain_rate(bucket, arm.sizes)
                     speculative.setdefault(route, {})[TEMPERATURE_BUCKETS[t]] = {
                         "tokens_per_s": arm.rate, "steps": arm.samples,
-                        "vs_plain": _vs_plain(arm, plain_rate, plain_measured) if plain_rate else None}
+                        "vs_plain": _vs_plain(arm, plain_rate, plain_measured) if plain_rate else None,
+                        "probe_burst_loss": self._burst_loss.get((b, t, route))}
             plain_summary = None
             if plain:  # the arms' mean tokens and seconds per step, summed over batch sizes
                 seconds = sum(arm.seconds for arm in plain)
@@ -647,7 +681,8 @@ def _vs_plain(spec: _Arm, plain_rate: float, plain_measured: bool) -> float:
     return spec.rate / plain_rate
 
 
-def _probe_scale(vs_plain: float | None, catch_up: float = 0.0, winning: bool = False) -> float:
+def _probe_scale(vs_plain: float | None, catch_up: float = 0.0, winning: bool = False,
+                 burst_loss: float | None = None) -> float:
     """The probe rate's multiplier, from speculation's rate over plain decode's (``vs_plain``, None: unknown).
 
     Rejected speculation (below its bar, 1 + ``REQUIRED_GAIN``): ``2 x REQUIRED_GAIN / shortfall``, at most
@@ -656,7 +691,11 @@ def _probe_scale(vs_plain: float | None, catch_up: float = 0.0, winning: bool = 
     that cost beyond an ordinary speculative step, in plain steps, as the last probes measured it), so the
     shortfall is the whole burst's, over ``PROBE_BURST``. The catch-up grows with the batch and its contexts
     (the draft model prefills every request's lag): 0.55 plain steps at 32 prose requests, T = 0.7, where a
-    burst's steps that lost 15% fall 2.4 plain steps short of the bar. Winning speculation (``winning``: over
+    burst's steps that lost 15% fall 2.4 plain steps short of the bar. Where bursts were measured whole
+    (``burst_loss``: plain steps lost over a burst, an average, see `_charge_probes`), the dearer of the two
+    counts: at 32 prose requests, T = 0.7, a burst that the figures priced at ~3 plain steps lost 9-15 (every
+    prompt joining it needs the draft model's prefill too, and a burst may run on to ``PROBE_LIMIT``), and runs
+    with one read 0.94-0.98x ``off`` against ~1.0x without. Winning speculation (``winning``: over
     its bar, or kept down to break-even): plain steps at ``min(1, 2 x REQUIRED_GAIN / gain)`` of the rate,
     rarer the more it wins (at batch 1, where it ran 1.5-1.9x plain decode, each plain probe gave up half a
     step's tokens and made the draft model catch up in the next: 5% of them cost ~3% of the throughput).
@@ -669,4 +708,6 @@ def _probe_scale(vs_plain: float | None, catch_up: float = 0.0, winning: bool = 
     if winning or gain >= REQUIRED_GAIN:
         return min(1.0, 2.0 * REQUIRED_GAIN / gain) if gain > 2.0 * REQUIRED_GAIN else 1.0
     burst_cost = PROBE_BURST * (REQUIRED_GAIN - gain) + catch_up  # in plain steps, the shortfall counted to the bar
+    if burst_loss is not None:
+        burst_cost = max(burst_cost, PROBE_BURST * REQUIRED_GAIN + burst_loss)
     return min(MAX_PROBE_BOOST, 2.0 * REQUIRED_GAIN * PROBE_BURST / burst_cost)
