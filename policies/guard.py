@@ -693,12 +693,12 @@ def _probe_scale(vs_plain: float | None, catch_up: float = 0.0, winning: bool = 
     (the draft model prefills every request's lag): 0.55 plain steps at 32 prose requests, T = 0.7, where a
     burst's steps that lost 15% fall 2.4 plain steps short of the bar. Where bursts were measured whole
     (``burst_loss``: plain steps lost over a burst, an average, see `_charge_probes`), the dearer of the two
-    counts: at 32 prose requests, T = 0.7, a burst that the figures priced at ~3 plain steps lost 9-15 (every
-    prompt joining it needs the draft model's prefill too, and a burst may run on to ``PROBE_LIMIT``), and runs
-    with one read 0.94-0.98x ``off`` against ~1.0x without. Winning speculation (``winning``: over
-    its bar, or kept down to break-even): plain steps at ``min(1, 2 x REQUIRED_GAIN / gain)`` of the rate,
-    rarer the more it wins (at batch 1, where it ran 1.5-1.9x plain decode, each plain probe gave up half a
-    step's tokens and made the draft model catch up in the next: 5% of them cost ~3% of the throughput).
+    counts: at 32 prose requests, T = 0.7, draft bursts that their figure (0.65x plain decode) priced at ~5 plain
+    steps lost 14 (every prompt joining a burst needs the draft model's prefill too, and a burst may run on to
+    ``PROBE_LIMIT``), and runs with one read 0.94-0.98x ``off`` against ~1.0x without. Winning speculation
+    (``winning``: over its bar, or kept down to break-even): plain steps at ``min(1, 2 x REQUIRED_GAIN / gain)``
+    of the rate, rarer the more it wins (at batch 1, where it ran 1.5-1.9x plain decode, each plain probe gave up
+    half a step's tokens and made the draft model catch up in the next: 5% of them cost ~3% of the throughput).
     Either way the throughput that probing is expected to cost, the probed share times what that arm loses per
     step, stays below probe_rate x 2 x ``REQUIRED_GAIN`` (0.5% at the default rate).
     """
