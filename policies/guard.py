@@ -186,7 +186,7 @@ PROBE_LIMIT = 3 * PROBE_BURST  # steps a probe burst may last while the plan dec
 MIN_SPECULATIVE_SAMPLES = PROBE_BURST  # speculative steps before their rate counts: the first may be a catch-up
 SURE_SAMPLES = 2 * MIN_SPECULATIVE_SAMPLES  # speculative steps before a near miss of the bar rejects speculation
 NEAR_MISS = 1.0 - 2 * REQUIRED_GAIN  # speculation at or above this ratio to plain decode only just missed its bar
-CATCH_UP_WEIGHT = 0.25  # weight of the newest probe's catch-up cost in its average
+CATCH_UP_WEIGHT = 0.25  # weight of the newest probe's catch-up cost, or its burst's loss, in their averages
 MAX_JOINING_SHARE = 0.25  # steps where more requests join (prefill) than 1 + this share of those decoding: unmeasured
 REGIME_SHIFT = 0.2  # plain decode's rate moved this much since rejected speculation was measured: measure it again
 FRESH_SECONDS = 2.0  # a bucket's plain figures are stale after this many seconds of steps without a sample of theirs
@@ -386,6 +386,8 @@ class GoodputGuard:
         plain decode, in plain steps: its seconds over a plain step's, less the tokens it emitted over the batch's
         (joining prompts taken off, as they cost plain decode alike). Every step of the burst counts: its catch-up,
         the steps the plan decoded plainly, the draft model's prefill of prompts that joined."""
+        if not self._probes:  # most steps: no burst under way anywhere
+            return
         probes = [probe for route in PROPOSERS if (probe := self._probes.get((*key, route))) is not None]
         if not probes:
             return
@@ -405,8 +407,7 @@ class GoodputGuard:
     def _end_probe(self, key: tuple[int, int, str]) -> _Arm:
         """Remove the probe under way at ``key`` and fold what its burst cost into the route's average."""
         probe = self._probes.pop(key)
-        known = self._burst_loss.get(key)
-        self._burst_loss[key] = probe.loss if known is None else known + CATCH_UP_WEIGHT * (probe.loss - known)
+        _average_in(self._burst_loss, key, probe.loss)
         return probe
 
     def _observe_catch_up(self, key: tuple[int, int, str], batch_size: int, seconds: float) -> None:
@@ -418,8 +419,7 @@ class GoodputGuard:
         rejected = self._speculative.get(key)
         ordinary = rejected.seconds if rejected is not None and rejected.samples else plain
         extra = max(0.0, (seconds - ordinary) / plain)
-        known = self._catch_up.get(key[0])
-        self._catch_up[key[0]] = extra if known is None else known + CATCH_UP_WEIGHT * (extra - known)
+        _average_in(self._catch_up, key[0], extra)
 
     def allowed_proposers(self, batch_size: int, temperature: float, rng: random.Random, probe_rate: float,
                           measured: bool = True, joining: int = 0) -> frozenset[str]:
@@ -657,6 +657,13 @@ class GoodputGuard:
                                  "steps": sum(arm.samples for arm in plain)}
             out.append({"batch_sizes": [low, high], "plain": plain_summary, "speculative": speculative})
         return out
+
+
+def _average_in(averages: dict, key: Any, value: float) -> None:
+    """Fold a probe's ``value`` into ``averages[key]`` (its first value stands alone): the newest weighs
+    ``CATCH_UP_WEIGHT``, so the last few probes count."""
+    known = averages.get(key)
+    averages[key] = value if known is None else known + CATCH_UP_WEIGHT * (value - known)
 
 
 def _mix_rate(sizes: dict[int, float], seconds: Callable[[int], float | None]) -> float | None:
