@@ -70,8 +70,12 @@ sooner: at 32 prose clients, T = 1, they were 65-70% of fixed draft k = 2's time
 without prefill alone, draft k = 2 read 0.98-1.02x ``off`` while whole runs read 0.95-0.97x, and the adaptive
 policy, judging by those steps, drafted in 83-93% of request-steps at 0.93x ``off``. What prompts cost is
 measured on plain steps, per batch-size bucket: what joining prompts added to a plain step of its batch size,
-per prompt token (code prompts differ in length by up to ten times). Until that is known, such steps decode
-plainly at ``MEASURE_PLAIN_RATE``, and speculative ones are left out. Two ways that did not work: joined
+per prompt token (code prompts differ in length by up to ten times). Until that is known (``MIN_SAMPLES`` such
+steps), steps that prompts join decode plainly: a speculative one could not be measured. Joined steps that
+speculated unmeasured made a cold start dear: at 32 prose clients, T = 0.7, with one of them in ten plain, a new
+engine's untried draft route speculated in 55 joined steps of its first run (82 ms each, ``off``'s 38 ms) while
+its figure, from the other steps alone, was a near miss: first runs read 0.87x ``off`` (6 new engines), 0.93x
+with joined steps plain until measured (code, 32 clients, T = 0.7: 0.96x either way). Two ways that did not work: joined
 steps' whole times in the plain arms (a plain step that a prompt joined, at 8 code requests, took 100 ms
 against 29, and through the plain step times and the calibration of the cost model's stand-ins speculation
 read 1.6-3.6x plain decode); and pairing each speculative step with plain steps that as many prompts joined,
@@ -433,8 +437,7 @@ class GoodputGuard:
         """
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         joining_cost = self._joining.get(key[0]) if joining else None
-        if (measured and joining and (joining_cost is None or joining_cost.samples < MIN_SAMPLES)
-                and rng.random() < MEASURE_PLAIN_RATE):
+        if measured and joining and (joining_cost is None or joining_cost.samples < MIN_SAMPLES):
             return NO_PROPOSERS  # what joining prompts cost a plain step here is unknown: measure it
         draft, draft_verdict = self._route_decision((*key, "draft"), rng, probe_rate, measured)
         if draft == "plain":
