@@ -38,11 +38,12 @@ class RunResult:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
-def make_engine(dtype: str = "float32", device: str = "cpu", **overrides) -> LLMEngine:
+def make_engine(dtype: str = "float32", device: str = "cpu", weights_from: LLMEngine | None = None,
+                **overrides) -> LLMEngine:
     draft = overrides.pop("draft_model", DEFAULT_DRAFT)
     config = EngineConfig(model=str(overrides.pop("model", DEFAULT_TARGET)), draft_model=str(draft) if draft else None,
                           dtype=dtype, device=device, **overrides)
-    engine = LLMEngine(config)
+    engine = LLMEngine(config, weights_from=weights_from)
     engine.warm_up()  # as the server does: first-touch step times must not train the policy
     return engine
 

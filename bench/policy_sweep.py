@@ -196,27 +196,31 @@ def main() -> None:
     print(f"saved {path}")
 
 
-_UNUSED: list[LLMEngine] = []  # the process's first engine, kept for no policy (see make_engines)
+_WEIGHTS: dict[tuple[str, str], LLMEngine] = {}  # per (dtype, device): the engine whose weights sweep engines read
 
 
 def make_engines(policies: dict[str, dict], dtype: str, device: str) -> dict[str, LLMEngine]:
     """One engine per policy: each learns from its own traffic alone, as a server running that policy would.
 
-    The first engine a process makes serves no policy: it ran 0.8% slower than identical engines made after it
-    (four ``off`` engines in lockstep: the first-made one was the slowest in 18 of 18 ratios over 6 runs; with an
-    unused engine made first, the ratios straddled 1.0, median 1.002), and the adaptive policy, listed first,
-    took that place in every sweep before this one."""
-    if not _UNUSED:
-        _UNUSED.append(sweep_engine(dtype, device))
-    engines = {name: sweep_engine(dtype, device) for name in policies}
+    They all read one set of weights, loaded once by an engine that serves no policy. With a set of its own,
+    an engine's speed depended on where its weights landed in memory: of four ``off`` engines in lockstep
+    (prose, T = 0.7, 32 clients, 6 runs), the first made ran 1.1-3.1% slower than the other three in all 18
+    ratios (made after an engine that was then freed, it still did: it took the freed memory), and those three
+    strayed from one another by up to 2%. Reading the first one's weights, the other three read 0.992-1.015x
+    it, 15 of 18 ratios within 0.5%. Shared weights are also what a server has: the weights its next step reads
+    are those its last step read, not another engine's."""
+    source = _WEIGHTS.get((dtype, device))
+    if source is None:
+        source = _WEIGHTS[(dtype, device)] = sweep_engine(dtype, device)
+    engines = {name: sweep_engine(dtype, device, weights_from=source) for name in policies}
     for name, settings in policies.items():
         set_policy(engines[name], **{"k": 4, **settings})
     return engines
 
 
-def sweep_engine(dtype: str = "float32", device: str = "cpu") -> LLMEngine:
+def sweep_engine(dtype: str = "float32", device: str = "cpu", weights_from: LLMEngine | None = None) -> LLMEngine:
     """An engine as every sweep cell runs them (room for 64 requests of up to 1024 tokens)."""
-    return make_engine(dtype, device, max_seq_len=1024, max_running=64, max_num_batched_tokens=2048)
+    return make_engine(dtype, device, weights_from, max_seq_len=1024, max_running=64, max_num_batched_tokens=2048)
 
 
 def rotate_policies(engines: dict[str, LLMEngine]) -> None:

@@ -57,13 +57,27 @@ def context_length_error(max_len: int, prompt: int, completion: int) -> ContextL
     )
 
 
+def _check_same_weights(config: EngineConfig, other: EngineConfig) -> None:
+    """An engine may read another's weights only where it would have loaded the very same ones."""
+    for field in ("model", "draft_model", "torch_dtype", "torch_device"):
+        if getattr(config, field) != getattr(other, field):
+            raise ValueError(f"weights_from: its {field} is {getattr(other, field)!r}, "
+                             f"this engine's {getattr(config, field)!r}")
+
+
 class LLMEngine:
-    def __init__(self, config: EngineConfig, policy: PolicyController | None = None, progress=None) -> None:
+    def __init__(self, config: EngineConfig, policy: PolicyController | None = None, progress=None,
+                 weights_from: LLMEngine | None = None) -> None:
+        """``weights_from``: an engine of the same models, dtype and device whose weights this one reads too (they
+        are never written); its KV caches, scheduler and policy are its own. For benchmarks that run one engine
+        per policy: see bench/policy_sweep.py `make_engines`."""
         self.config = config
         self.model_path = resolve_checkpoint(config.model)
+        if weights_from is not None:
+            _check_same_weights(config, weights_from.config)
         model_config = read_config(self.model_path)
         self.max_seq_len = min(config.max_seq_len, model_config.get("max_position_embeddings", config.max_seq_len))
-        self.runner = self._load_runner(self.model_path)
+        self.runner = self._load_runner(self.model_path, weights_from.model if weights_from else None)
         self.tokenizer = load_tokenizer(self.model_path)
         self.eos_ids = eos_token_ids(self.tokenizer, model_config)
         self.model = self.runner.model
@@ -72,7 +86,8 @@ class LLMEngine:
         draft_runner = None
         if config.draft_model:
             draft_path = resolve_checkpoint(config.draft_model)
-            draft_runner = self._load_runner(draft_path)
+            draft_runner = self._load_runner(draft_path, weights_from.proposers["draft"].runner.model  # type: ignore[attr-defined]
+                                             if weights_from else None)
             check_compatible(self.tokenizer, load_tokenizer(draft_path), self.model_path, draft_path,
                              self.model.args.vocab_size, draft_runner.model.args.vocab_size)
             if progress:
@@ -116,10 +131,12 @@ class LLMEngine:
         self.policy.forget_learned()
         self.stats = SpecDecodeStats()
 
-    def _load_runner(self, path) -> ModelRunner:
-        """A model with a KV cache of its own, sized by the engine config (the draft's like the target's)."""
+    def _load_runner(self, path, model: torch.nn.Module | None = None) -> ModelRunner:
+        """A model (``model``, already loaded, or the checkpoint at ``path``) with a KV cache of its own, sized by the
+        engine config (the draft's like the target's)."""
         config = self.config
-        model, _ = load_model(path, config.torch_dtype, config.torch_device)
+        if model is None:
+            model, _ = load_model(path, config.torch_dtype, config.torch_device)
         args = model.args
         cache = make_kv_cache(config.kv_cache, num_layers=args.num_layers, kv_heads=args.num_kv_heads,
                               head_dim=args.head_dim, dtype=config.torch_dtype, device=config.torch_device,

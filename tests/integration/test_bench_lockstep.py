@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from bench.common import run_engine, run_engines_lockstep, set_policy
 from bench.prompts import PROSE
 from engine.config import EngineConfig
@@ -12,13 +14,17 @@ from engine.models.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine.types import SamplingParams
 
 
-def small_engine() -> LLMEngine:
-    return LLMEngine(EngineConfig(model=str(DEFAULT_TARGET), draft_model=str(DEFAULT_DRAFT), dtype="float32",
-                                  device="cpu", max_seq_len=256, max_running=8))
+def small_engine(weights_from: LLMEngine | None = None, **overrides) -> LLMEngine:
+    config = {"model": str(DEFAULT_TARGET), "draft_model": str(DEFAULT_DRAFT), "dtype": "float32", "device": "cpu",
+              "max_seq_len": 256, "max_running": 8, **overrides}
+    return LLMEngine(EngineConfig(**config), weights_from=weights_from)
 
 
 def test_lockstep_engines_serve_the_same_traffic_each_timed_by_its_own_steps() -> None:
-    plain, drafting = small_engine(), small_engine()
+    plain = small_engine()
+    drafting = small_engine(weights_from=plain)  # as bench/policy_sweep.py makes its engines
+    assert drafting.model is plain.model and drafting.runner.cache is not plain.runner.cache
+    assert drafting.proposers["draft"].runner.model is plain.proposers["draft"].runner.model  # type: ignore[attr-defined]
     set_policy(plain, mode="off")
     set_policy(drafting, mode="draft", k=3)
     prompts = [plain.tokenizer.encode(text) for text in PROSE[:6]]
@@ -36,3 +42,11 @@ def test_lockstep_engines_serve_the_same_traffic_each_timed_by_its_own_steps() -
     assert results["off"].seconds + results["draft"].seconds <= wall  # each clock ran only on its engine's turns
     assert results["draft"].drafted > 0 and results["off"].drafted == 0
     assert not plain.has_work() and not drafting.has_work()
+
+
+def test_an_engine_reads_another_engines_weights_only_where_it_would_load_the_same_ones() -> None:
+    source = small_engine()
+    with pytest.raises(ValueError, match="weights_from: its draft_model is"):
+        small_engine(weights_from=source, draft_model=None)
+    with pytest.raises(ValueError, match="weights_from: its torch_dtype is"):
+        small_engine(weights_from=source, dtype="bfloat16")
