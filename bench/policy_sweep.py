@@ -34,8 +34,9 @@ deviation), fixed draft k = 2 against ``off`` read 0.76-0.86x. Stepped in turn, 
 (0.78-0.80x over three sets of four). At 1 client, where plain decode is bound by reading the weights, one
 engine per policy (seven sets of weights) did not slow it either: ``off`` ran 130-136 tok/s alone and in
 lockstep, and draft k = 4 read 1.72-1.77x it in lockstep against 1.76-1.81x in sequential runs. Each policy
-learns from its own traffic alone, as a server running that policy would. Engines also differ in speed by
-themselves (by up to ~0.5%, as much as two policies that both decode plainly), so after every run each
+learns from its own traffic alone, as a server running that policy would. The engines read one set of
+weights: with a set each, where an engine's weights landed in memory made it up to 3% slower than its twin
+(see `make_engines`). Engines still differ a little by themselves (their KV caches), so after every run each
 policy, with all it learned, moves on to the next policy's engine (``rotate_policies``).
 
 Timing noise: on a shared 2-vCPU VM, torch's two threads made the same run vary by 20-35%, and the two
