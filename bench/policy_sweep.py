@@ -206,7 +206,7 @@ def make_engines(policies: dict[str, dict], dtype: str, device: str) -> dict[str
     They all read one set of weights, loaded once by an engine that serves no policy. With a set of its own,
     an engine's speed depended on where its weights landed in memory: of four ``off`` engines in lockstep
     (prose, T = 0.7, 32 clients, 6 runs), the first made ran 1.1-3.1% slower than the other three in all 18
-    ratios (made after an engine that was then freed, it still did: it took the freed memory), and those three
+    ratios (made after an engine that was then freed, it still did, presumably in the freed memory), and those three
     strayed from one another by up to 2%. Reading the first one's weights, the other three read 0.992-1.015x
     it, 15 of 18 ratios within 0.5%. Shared weights are also what a server has: the weights its next step reads
     are those its last step read, not another engine's."""

@@ -20,6 +20,7 @@ from engine.config import EngineConfig
 from engine.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
 from engine.kv_cache import make_kv_cache
 from engine.model_runner import ModelRunner, SeqChunk
+from engine.models.llama import LlamaModel
 from engine.models.loader import load_model, read_config, resolve_checkpoint
 from engine.models.tokenizer import IncrementalDetokenizer, check_compatible, eos_token_ids, load_tokenizer
 from engine.request import Request, RequestStatus
@@ -86,8 +87,8 @@ class LLMEngine:
         draft_runner = None
         if config.draft_model:
             draft_path = resolve_checkpoint(config.draft_model)
-            draft_runner = self._load_runner(draft_path, weights_from.proposers["draft"].runner.model  # type: ignore[attr-defined]
-                                             if weights_from else None)
+            shared = weights_from.proposers["draft"].runner.model if weights_from else None  # type: ignore[attr-defined]
+            draft_runner = self._load_runner(draft_path, shared)
             check_compatible(self.tokenizer, load_tokenizer(draft_path), self.model_path, draft_path,
                              self.model.args.vocab_size, draft_runner.model.args.vocab_size)
             if progress:
@@ -131,7 +132,7 @@ class LLMEngine:
         self.policy.forget_learned()
         self.stats = SpecDecodeStats()
 
-    def _load_runner(self, path, model: torch.nn.Module | None = None) -> ModelRunner:
+    def _load_runner(self, path, model: LlamaModel | None = None) -> ModelRunner:
         """A model (``model``, already loaded, or the checkpoint at ``path``) with a KV cache of its own, sized by the
         engine config (the draft's like the target's)."""
         config = self.config
