@@ -85,12 +85,13 @@ class LLMEngine:
         if progress:
             progress("target loaded")
         draft_runner = None
+        self.draft_model: LlamaModel | None = None
         if config.draft_model:
             draft_path = resolve_checkpoint(config.draft_model)
-            shared = weights_from.proposers["draft"].runner.model if weights_from else None  # type: ignore[attr-defined]
-            draft_runner = self._load_runner(draft_path, shared)
+            draft_runner = self._load_runner(draft_path, weights_from.draft_model if weights_from else None)
+            self.draft_model = draft_runner.model
             check_compatible(self.tokenizer, load_tokenizer(draft_path), self.model_path, draft_path,
-                             self.model.args.vocab_size, draft_runner.model.args.vocab_size)
+                             self.model.args.vocab_size, self.draft_model.args.vocab_size)
             if progress:
                 progress("draft loaded")
         self.proposers = build_proposers(config, draft_runner=draft_runner)

@@ -24,7 +24,7 @@ def test_lockstep_engines_serve_the_same_traffic_each_timed_by_its_own_steps() -
     plain = small_engine()
     drafting = small_engine(weights_from=plain)  # as bench/policy_sweep.py makes its engines
     assert drafting.model is plain.model and drafting.runner.cache is not plain.runner.cache
-    assert drafting.proposers["draft"].runner.model is plain.proposers["draft"].runner.model  # type: ignore[attr-defined]
+    assert drafting.draft_model is plain.draft_model is not None
     set_policy(plain, mode="off")
     set_policy(drafting, mode="draft", k=3)
     prompts = [plain.tokenizer.encode(text) for text in PROSE[:6]]
