@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a lent GPU machine (whose python3 holds a CUDA torch; no .venv needed):
 #   1. exactness on CUDA: the gpu-marked greedy and sampling exactness tests (float32);
-#   2. issue 2's roofline: decode of a random Llama-3.2-3B-shaped model in bf16, batch 1 and 16, vs transformers;
-#   3. how often bf16 batch shapes flip greedy near-ties on the GPU (bench/bf16_divergence.py);
-#   4. which steps stall on the GPU, and whether they ran a shape for the first time (bench/step_stalls.py);
-#   5. the policy sweep on the GPU (off, adaptive, draft k=4, n-gram k=4), cells in order of value, while time lasts.
-# First run (H200, 2026-11-26): steps 1-3 took 32 s, 69 s and 55 s; a sweep cell of 7 policies x 3 runs ~110 s.
+#   2. what a shape new to the process costs (bench/first_touch.py: ~50 ms per masked-attention shape with cuDNN);
+#   3. which steps stall on the GPU, and whether they ran a shape for the first time (bench/step_stalls.py);
+#   4. the policy sweep on the GPU (off, adaptive, draft k=4, n-gram k=4), cells in order of value, while time lasts;
+#   5. issue 2's roofline: decode of a random Llama-3.2-3B-shaped model in bf16, batch 1 and 16, vs transformers;
+#   6. how often bf16 batch shapes flip greedy near-ties on the GPU (bench/bf16_divergence.py).
+# First run (H200, 2026-11-26): exactness, roofline and bf16 flips took 32 s, 69 s and 55 s; a sweep cell of 7
+# policies x 3 runs ~110 s. H100, 2026-11-27, still with cuDNN attention: step_stalls ~70 s, a sweep cell of 4
+# policies ~100 s.
 # Each step has its own time limit and a failed step does not stop the others. Logs and results go to
 # ${OUT:-bench/results/gpu}; results are also tarred there as results.tgz (the device tool returns few files).
 #
@@ -35,18 +38,19 @@ $PY -c "import torch, transformers; print('torch', torch.__version__, 'transform
 torch.cuda.get_device_name())"
 step exactness 150 $PY -m pytest -q -p no:cacheprovider -m gpu -W ignore::pytest.PytestConfigWarning \
     tests/integration/test_exactness.py tests/integration/test_sampling_exactness.py
-step roofline 150 $PY -m bench.decode --device cuda --dtype bfloat16 --shape llama-3.2-3b --concurrency 1,16 \
-    --new-tokens 128
-step bf16_divergence 90 $PY -m bench.bf16_divergence --device cuda
-step step_stalls 120 $PY -m bench.step_stalls --device cuda --dtype bfloat16 --workload code --temperature 0 \
-    --concurrency 8
-for cells in "code 0 8,32" "code 1.0 8,32" "prose 0.7 8,32" "code 0.7 1"; do  # workload temperatures concurrency
+step first_touch 60 $PY -m bench.first_touch --device cuda --dtype bfloat16
+step step_stalls 90 $PY -m bench.step_stalls --device cuda --dtype bfloat16 --workload code --temperature 0 \
+    --concurrency 8 --runs 3
+for cells in "code 0 8" "code 1.0 8" "prose 0.7 8" "code 0 32" "code 0.7 1"; do  # workload temperature concurrency
     [ "$(left)" -gt 60 ] || break
-    read -r workload temperatures concurrency <<<"$cells"
-    name=policy_sweep_cuda_${workload}_c${concurrency//,/_}_t${temperatures//[,.]/_}
+    read -r workload temperature concurrency <<<"$cells"
+    name=policy_sweep_cuda_${workload}_c${concurrency}_t${temperature//./_}
     step "$name" "$(left)" $PY -m bench.policy_sweep --device cuda --dtype bfloat16 --repeats 3 \
-        --policies "draft k=4,ngram k=4" --workloads "$workload" --temperatures "$temperatures" \
+        --policies "draft k=4,ngram k=4" --workloads "$workload" --temperatures "$temperature" \
         --concurrency "$concurrency" --output "$name"
 done
-tar czf "$OUT/results.tgz" bench/results/*cuda* 2>/dev/null
+[ "$(left)" -gt 150 ] && step roofline 150 $PY -m bench.decode --device cuda --dtype bfloat16 --shape llama-3.2-3b \
+    --concurrency 1,16 --new-tokens 128
+[ "$(left)" -gt 90 ] && step bf16_divergence 90 $PY -m bench.bf16_divergence --device cuda
+tar czf "$OUT/results.tgz" bench/results/*cuda* 2>/dev/null  # first_touch, step_stalls, sweeps
 echo "done after $((SECONDS - start))s"

@@ -2,13 +2,16 @@
 
 On an H200 (bf16, bundled pair, 8 code clients, T = 0) the adaptive policy read 0.71x ``off`` in three runs
 whose few speculative request-steps (8-31 a run, in runs of ~1500) took 30-50% of the run's time, while every
-fixed policy sped up. A suspected cause: a GPU pays for the first step of each new shape (lazily loaded
-kernels, allocator growth), the fixed policies repeat a few shapes, and the adaptive one, drafting now and
-then with varying k beside plain requests, keeps meeting new ones. This script serves one sweep cell with
-``off``, a fixed policy and ``adaptive`` in lockstep, records every step's time with its shape (tokens fed to
-the target, batch size, draft passes, draft batch size), and reports per policy the steps slower than
-``--factor`` x the median of steps of the same batch size and kind (plain or speculative), and how many of
-those ran a shape for the first time in the process::
+fixed policy sped up. The cause, found with this script and bench/first_touch.py on an H100 (2026-11-27): each
+attention shape (batch, queries, context) a process had not run yet cost ~50 ms, cuDNN's plan for it (now
+avoided: `engine.models.llama.avoid_cudnn_attention`). A sweep run repeats its traffic, so the fixed policies
+met their shapes again and ran fast from the second run, while the adaptive one, drafting now and then with
+varying k beside plain requests, kept meeting new ones (its slowest steps in a later run: 75-83 ms, ~6 ms the
+median). This script serves one sweep cell with ``off``, a fixed policy and ``adaptive`` in lockstep, records
+every step's time with its shape (tokens fed to the target, batch size, draft passes, draft batch size; not the
+attention's context), and reports per policy the steps slower than ``--factor`` x the median of steps of the
+same batch size and kind (plain or speculative), how many of those ran a shape for the first time in the
+process, the median plain step, the policy's mean ``decide`` time and the five slowest steps::
 
     python -m bench.step_stalls --device cuda --dtype bfloat16 --workload code --temperature 0 --concurrency 8
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from collections import defaultdict
 
 import torch
@@ -46,27 +50,46 @@ def record(engine, steps: list[dict]) -> None:
         new = [shape for shape in shapes(timing) if shape not in SEEN]
         SEEN.update(new)
         steps.append({"batch": timing.batch_size, "speculative": timing.speculative, "seconds": timing.step_seconds,
-                      "new_shape": bool(new), "prefill": timing.num_prefilling > 0})
+                      "new_shape": bool(new), "prefill": timing.num_prefilling > 0, "shapes": shapes(timing),
+                      "decide_seconds": decide_seconds.pop() if decide_seconds else 0.0})
         observe_step(timing)
 
+    decide, decide_seconds = engine.policy.decide, []
+
+    def timed_decide(batch):
+        start = time.perf_counter()
+        decisions = decide(batch)
+        decide_seconds.append(time.perf_counter() - start)
+        return decisions
+
     engine.policy.observe_step = observe
+    engine.policy.decide = timed_decide
 
 
 def stalls(steps: list[dict], factor: float) -> dict:
     """Steps over ``factor`` x the median of their (batch size, kind), and the share of time they took."""
     medians = {key: statistics.median(s["seconds"] for s in group) for key, group in _groups(steps).items()}
-    slow = [s for s in steps if s["seconds"] > factor * medians[(s["batch"], s["speculative"], s["prefill"])]]
+    slow = [s for s in steps if s["seconds"] > factor * medians[_key(s)]]
     total = sum(s["seconds"] for s in steps)
-    return {"steps": len(steps), "speculative_steps": sum(s["speculative"] for s in steps), "stalls": len(slow),
+    plain = [s["seconds"] for s in steps if not s["speculative"] and not s["prefill"]]
+    return {"plain_step_ms": 1e3 * statistics.median(plain) if plain else 0.0,
+            "decide_ms": 1e3 * statistics.fmean(s["decide_seconds"] for s in steps) if steps else 0.0,
+            "slowest": [(round(s["seconds"] * 1e3, 1), round(s["seconds"] / medians[_key(s)], 1), s["new_shape"],
+                         s["shapes"]) for s in sorted(steps, key=lambda s: -s["seconds"])[:5]],
+            "steps": len(steps), "speculative_steps": sum(s["speculative"] for s in steps), "stalls": len(slow),
             "stalls_on_new_shapes": sum(s["new_shape"] for s in slow),
             "new_shape_steps": sum(s["new_shape"] for s in steps),
             "stall_time_share": sum(s["seconds"] for s in slow) / total if total else 0.0}
 
 
+def _key(step: dict) -> tuple[int, bool, bool]:
+    return step["batch"], step["speculative"], step["prefill"]
+
+
 def _groups(steps: list[dict]) -> dict[tuple, list[dict]]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for s in steps:
-        groups[(s["batch"], s["speculative"], s["prefill"])].append(s)
+        groups[_key(s)].append(s)
     return groups
 
 
@@ -94,13 +117,15 @@ def main() -> None:
             record(engine, steps[name])
         results = run_engines_lockstep(engines, prompts, params, max_in_flight=args.concurrency)
         for name, engine in engines.items():
-            del engine.policy.observe_step  # the controller's own method again
+            del engine.policy.observe_step, engine.policy.decide  # the controller's own methods again
             rows.append({"run": run, "policy": name, "tok_s": results[name].tokens_per_s,
                          "vs_off": results[name].tokens_per_s / results["off"].tokens_per_s,
                          **stalls(steps[name], args.factor)})
     columns = ["run", "policy", "tok_s", "vs_off", "steps", "speculative_steps", "stalls", "stalls_on_new_shapes",
-               "new_shape_steps", "stall_time_share"]
+               "new_shape_steps", "stall_time_share", "plain_step_ms", "decide_ms"]
     print(table(rows, columns))
+    for row in rows:  # the slowest steps: ms, x their kind's median, a first shape?, the passes they ran
+        print(row["run"], row["policy"], row["slowest"])
     name = f"step_stalls_{args.device.replace(':', '')}_{args.workload}_c{args.concurrency}"
     print(f"saved {save(name, {'args': vars(args), 'rows': rows})}")
 

@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from engine.errors import ModelLoadError
-from engine.models.llama import LlamaArgs, LlamaModel, pack_linears_for_cpu, rope_inv_freq
+from engine.models.llama import LlamaArgs, LlamaModel, avoid_cudnn_attention, pack_linears_for_cpu, rope_inv_freq
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TARGET = REPO_ROOT / "assets" / "models" / "target"
@@ -141,5 +141,7 @@ def load_model(name_or_path: str | Path, dtype: torch.dtype, device: torch.devic
     model = model.to(dtype).eval()
     if torch.device(device).type == "cpu":
         pack_linears_for_cpu(model)
+    else:
+        avoid_cudnn_attention()
     model.inv_freq = rope_inv_freq(args).to(device)  # float32 always; was a meta buffer
     return model, path

@@ -96,6 +96,32 @@ def test_prepacking_falls_back_to_plain_linears_when_onednn_cannot(monkeypatch):
     assert isinstance(model[0], torch.nn.Linear)
 
 
+@pytest.mark.filterwarnings("ignore:for .*meta parameter")
+def test_models_loaded_off_the_cpu_keep_attention_off_cudnn(random_llama_dir, monkeypatch):
+    """cuDNN attention builds a plan per new shape (~50 ms on an H100), and a server's shapes are new every step."""
+    from engine.models import loader
+
+    calls = []
+    monkeypatch.setattr(loader, "avoid_cudnn_attention", lambda: calls.append(True))
+    loader.load_model(random_llama_dir, torch.float32, torch.device("cpu"))
+    assert not calls
+    loader.load_model(random_llama_dir, torch.float32, torch.device("meta"))  # stands in for a GPU: not the CPU
+    assert calls
+
+
+def test_avoiding_cudnn_attention_keeps_the_other_backends():
+    from engine.models.llama import avoid_cudnn_attention
+
+    enabled = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        avoid_cudnn_attention()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(enabled)
+
+
 def test_decodes_attend_apart_from_multi_token_requests():
     """Padding every decode to a verification's k + 1 query rows multiplied the batch's attention work."""
     from engine.models.llama import build_attention_metadata
