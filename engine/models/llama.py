@@ -308,8 +308,8 @@ def avoid_cudnn_attention() -> None:
     first, which builds an execution plan for each new (batch, queries, context) shape: ~50 ms a shape, up to
     0.6 s, where a repeat takes 0.3 ms. A server's contexts grow every step, so nearly every step meets a new
     shape: on the bundled pair, 8 code clients ran 163 tokens/s in a new process against 850 on traffic whose
-    shapes it had seen, and the adaptive policy, whose plans keep making new shapes, read 0.71x ``off``.
-    Process-wide (a flag per step would cost ~11 us a pass), as the other backends serve every caller alike.
+    shapes it had seen, and the adaptive policy, whose plans keep making new shapes, read 0.71-0.76x ``off``
+    (H200, H100). Process-wide: choosing backends around each forward pass (``sdpa_kernel``) costs ~11 us a pass.
     """
     torch.backends.cuda.enable_cudnn_sdp(False)
 
