@@ -7,8 +7,8 @@
 #   5. issue 2's roofline: decode of a random Llama-3.2-3B-shaped model in bf16, batch 1 and 16, vs transformers;
 #   6. how often bf16 batch shapes flip greedy near-ties on the GPU (bench/bf16_divergence.py).
 # First run (H200, 2026-11-26): exactness, roofline and bf16 flips took 32 s, 69 s and 55 s; a sweep cell of 7
-# policies x 3 runs ~110 s. H100, 2026-11-27, still with cuDNN attention: step_stalls ~70 s, a sweep cell of 4
-# policies ~100 s.
+# policies x 3 runs ~110 s. H100, 2026-11-27, without cuDNN attention: exactness 42 s, first_touch 12 s,
+# step_stalls 33 s, sweep cells of 4 policies 40-48 s at 8 clients, 61 s at 32, over 110 s at 1 client.
 # Each step has its own time limit and a failed step does not stop the others. Logs and results go to
 # ${OUT:-bench/results/gpu}; results are also tarred there as results.tgz (the device tool returns few files).
 #
