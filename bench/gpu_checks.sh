@@ -5,7 +5,8 @@
 #   3. which steps stall on the GPU, and whether they ran a shape for the first time (bench/step_stalls.py);
 #   4. the policy sweep on the GPU (off, adaptive, draft k=4, n-gram k=4), cells in order of value, while time lasts;
 #   5. issue 2's roofline: decode of a random Llama-3.2-3B-shaped model in bf16, batch 1 and 16, vs transformers;
-#   6. how often bf16 batch shapes flip greedy near-ties on the GPU (bench/bf16_divergence.py).
+#   6. how often bf16 batch shapes flip greedy near-ties on the GPU (bench/bf16_divergence.py);
+#   7. one more sweep cell, at 1 client (slow on a GPU).
 # First run (H200, 2026-11-26): exactness, roofline and bf16 flips took 32 s, 69 s and 55 s; a sweep cell of 7
 # policies x 3 runs ~110 s. H100, 2026-11-27, without cuDNN attention: exactness 42 s, first_touch 12 s,
 # step_stalls 33 s, sweep cells of 4 policies 40-48 s at 8 clients, 61 s at 32, over 110 s at 1 client.
@@ -41,16 +42,19 @@ step exactness 150 $PY -m pytest -q -p no:cacheprovider -m gpu -W ignore::pytest
 step first_touch 60 $PY -m bench.first_touch --device cuda --dtype bfloat16
 step step_stalls 90 $PY -m bench.step_stalls --device cuda --dtype bfloat16 --workload code --temperature 0 \
     --concurrency 8 --runs 3
-for cells in "code 0 8" "code 1.0 8" "prose 0.7 8" "code 0 32" "code 0.7 1"; do  # workload temperature concurrency
-    [ "$(left)" -gt 60 ] || break
-    read -r workload temperature concurrency <<<"$cells"
-    name=policy_sweep_cuda_${workload}_c${concurrency}_t${temperature//./_}
+sweep_cell() {  # sweep_cell WORKLOAD TEMPERATURE CONCURRENCY: one policy-sweep cell, if a minute is left
+    [ "$(left)" -gt 60 ] || return
+    local name=policy_sweep_cuda_${1}_c${3}_t${2//./_}
     step "$name" "$(left)" $PY -m bench.policy_sweep --device cuda --dtype bfloat16 --repeats 3 \
-        --policies "draft k=4,ngram k=4" --workloads "$workload" --temperatures "$temperature" \
-        --concurrency "$concurrency" --output "$name"
-done
+        --policies "draft k=4,ngram k=4" --workloads "$1" --temperatures "$2" --concurrency "$3" --output "$name"
+}
+sweep_cell code 0 8
+sweep_cell code 1.0 8
+sweep_cell prose 0.7 8
+sweep_cell code 0 32
 [ "$(left)" -gt 150 ] && step roofline 150 $PY -m bench.decode --device cuda --dtype bfloat16 --shape llama-3.2-3b \
     --concurrency 1,16 --new-tokens 128
 [ "$(left)" -gt 90 ] && step bf16_divergence 90 $PY -m bench.bf16_divergence --device cuda
+sweep_cell code 0.7 1  # over 110 s on an H100: last
 tar czf "$OUT/results.tgz" bench/results/*cuda* 2>/dev/null  # first_touch, step_stalls, sweeps
 echo "done after $((SECONDS - start))s"
