@@ -43,14 +43,16 @@ def shapes(timing: StepTiming) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def record(engine, steps: list[dict]) -> None:
-    """Wrap the engine's policy so that every step timing lands in ``steps`` with whether its shapes were new."""
+    """Wrap the engine's policy so that every step timing lands in ``steps`` with whether its shapes were new and
+    how long the policy's ``decide`` took."""
     observe_step = engine.policy.observe_step
 
     def observe(timing: StepTiming) -> None:
-        new = [shape for shape in shapes(timing) if shape not in SEEN]
+        passes = shapes(timing)
+        new = [shape for shape in passes if shape not in SEEN]
         SEEN.update(new)
         steps.append({"batch": timing.batch_size, "speculative": timing.speculative, "seconds": timing.step_seconds,
-                      "new_shape": bool(new), "prefill": timing.num_prefilling > 0, "shapes": shapes(timing),
+                      "new_shape": bool(new), "prefill": timing.num_prefilling > 0, "shapes": passes,
                       "decide_seconds": decide_seconds.pop() if decide_seconds else 0.0})
         observe_step(timing)
 
