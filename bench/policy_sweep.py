@@ -139,6 +139,8 @@ def main() -> None:
                 runs: dict[str, list[RunResult]] = {name: [] for name in policies}
                 chosen_k: dict[str, list[list[int]]] = {name: [] for name in policies}
                 guard_after_runs: list[list[dict]] = []  # the adaptive policy's guard at the cell's load, per run
+                # and what its plans rest on, per run: the step-cost fit and the acceptance it has learned
+                model_after_runs: list[dict] = []
                 for _ in range(args.warmup + args.repeats):
                     before = {name: engine.policy.stats()["chosen_k"]["histogram"] for name, engine in engines.items()}
                     results = run_engines_lockstep(engines, prompts, params, max_in_flight=n)
@@ -148,6 +150,8 @@ def main() -> None:
                         chosen_k[name].append([count - (before[name][k] if k < len(before[name]) else 0)
                                                for k, count in enumerate(after)])
                     guard_after_runs.append(guard_at_load(engines["adaptive"], n))
+                    stats = engines["adaptive"].policy.stats()
+                    model_after_runs.append({"cost_model": stats["cost_model"], "acceptance": stats["acceptance"]})
                     rotate_policies(engines)
                 warmups = {name: rs[: args.warmup] for name, rs in runs.items()}
                 runs = {name: rs[args.warmup:] for name, rs in runs.items()}
@@ -162,7 +166,8 @@ def main() -> None:
                                  "warmup_tok_s": [round(run.tokens_per_s, 1) for run in warmups[name]],
                                  # request-steps per chosen k (0 = plain), warm-up runs first
                                  "chosen_k": chosen_k[name],
-                                 **({"guard": guard_after_runs} if name == "adaptive" else {})})
+                                 **({"guard": guard_after_runs, "model": model_after_runs}
+                                    if name == "adaptive" else {})})
                 summary.append(verdict := summarize_cell(cell, runs))
                 print(f"[{workload} T={temperature} c={n}] off {results['off'].tokens_per_s:.0f} tok/s, "
                       f"best fixed ({verdict['best_fixed']}) {results[verdict['best_fixed']].tokens_per_s:.0f}, "
