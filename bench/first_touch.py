@@ -26,14 +26,13 @@ from engine.models.loader import DEFAULT_TARGET, load_model
 
 def first_and_repeat(call, device: torch.device) -> tuple[float, float]:
     """Milliseconds of a first call and of the same call repeated."""
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times = []
     for _ in range(2):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize()
         start = time.perf_counter()
         call()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize()
         times.append(1e3 * (time.perf_counter() - start))
     return times[0], times[1]
 

@@ -104,9 +104,13 @@ class _Window:
         self.seconds[row] = seconds
         self.count += 1
 
+    @property
+    def filled(self) -> int:
+        """Rows held: all added, until the ring is full."""
+        return min(self.count, len(self.seconds))
+
     def rows(self) -> tuple[np.ndarray, np.ndarray]:
-        filled = min(self.count, len(self.seconds))
-        return self.features[:filled], self.seconds[:filled]
+        return self.features[: self.filled], self.seconds[: self.filled]
 
 
 class _KeptPlainRows:
@@ -341,7 +345,7 @@ class CostModel:
                             timing.draft_seconds)
         self._num_unfitted += 1
         # every step at first, later every few: a refit moves the fit by about the share of its rows that are new
-        due = max(self._refit_every, min(self._target.window.count, len(self._target.window.seconds)) // REFIT_SHARE)
+        due = max(self._refit_every, self._target.window.filled // REFIT_SHARE)
         if self._num_unfitted >= due or self._target.window.count <= 4 * self._min_observations:
             self._refit()
 
