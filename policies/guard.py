@@ -430,13 +430,15 @@ class GoodputGuard:
         """The proposers this step may use: both, the n-gram one only (the draft route lost here, n-gram
         speculation did not), or none (plain decode). Asked before planning; ``temperature``: the batch's mean.
 
-        ``joining``: requests whose prompts share the step. ``measured=False`` for a step the guard will not see (a
+        ``batch_size``: the load, the step's decodes and the ``joining`` requests (whose prompts share the step;
+        the verdicts are those of the batch they join). ``measured=False`` for a step the guard will not see (a
         burst of prompts arriving, see `measures_step`): it
         speculates only where speculation has a settled winning verdict, and never probes, since a probe there
         would teach nothing and would make the draft model prefill the whole batch on top of the target's prefill.
         """
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
-        joining_cost = self._joining.get(key[0]) if joining else None
+        # what prompts add is measured at the bucket of the step's decodes, ``batch_size`` less the joining requests
+        joining_cost = self._joining.get(batch_bucket(batch_size - joining)) if joining else None
         if measured and joining and (joining_cost is None or joining_cost.samples < MIN_SAMPLES):
             return NO_PROPOSERS  # what joining prompts cost a plain step here is unknown: measure it
         draft, draft_verdict = self._route_decision((*key, "draft"), rng, probe_rate, measured)

@@ -224,6 +224,22 @@ def test_steps_prompts_join_decode_plainly_until_what_joining_costs_is_measured(
     assert not guard.allowed_proposers(8, 0.0, rng, 0.0, joining=1)  # another bucket: unknown
 
 
+def test_what_joining_costs_is_looked_up_where_it_is_measured_at_the_decodes_batch_size() -> None:
+    """At 2 clients a request joins beside one decoding: the step's load is 2 (bucket 1), its decodes 1 (bucket 0),
+    and its plain time, prompts taken off, is measured at 1 request. Looked up at the load's bucket, which only
+    steps with two requests decoding beside a join ever measure, such steps decoded plainly for good."""
+    guard = GoodputGuard()
+    for _ in range(SAMPLES):
+        guard.observe(step(1, False, 1, 0.010))
+        guard.observe(step(2, False, 2, 0.011))
+        guard.observe(step(2, True, 5, 0.016))  # speculation at 2 requests wins clearly
+    rng = random.Random(0)
+    assert not guard.allowed_proposers(2, 0.0, rng, 0.0, joining=1)  # 1 decoding + 1 joining: unknown yet
+    for _ in range(MIN_SAMPLES):
+        guard.observe(joining(step(1, False, 1, 0.030), 1))  # one request decoding while a prompt joins
+    assert all(guard.allowed_proposers(2, 0.0, rng, 0.0, joining=1) for _ in range(100))
+
+
 def test_a_burst_of_arriving_prompts_is_not_measured() -> None:
     guard = GoodputGuard()
     guard.observe(joining(step(8, False, 8, 0.4), 16, prompt_tokens=128))  # more join than 1 + a quarter of 8
