@@ -432,9 +432,9 @@ class GoodputGuard:
 
         ``batch_size``: the load, the step's decodes and the ``joining`` requests (whose prompts share the step;
         the verdicts are those of the batch they join). ``measured=False`` for a step the guard will not see (a
-        burst of prompts arriving, see `measures_step`): it
-        speculates only where speculation has a settled winning verdict, and never probes, since a probe there
-        would teach nothing and would make the draft model prefill the whole batch on top of the target's prefill.
+        burst of prompts arriving, see `measures_step`): it speculates only where speculation has a settled winning
+        verdict, and never probes, since a probe there would teach nothing and would make the draft model prefill
+        the whole batch on top of the target's prefill.
         """
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         # what prompts add is measured at the bucket of the step's decodes, ``batch_size`` less the joining requests
