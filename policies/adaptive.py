@@ -17,14 +17,18 @@ Five corrections on top of the pure optimum:
   heavy load, where each would add whole draft passes to a large batch), or, for one request per step,
   whatever it costs while that proposer's acceptance at the temperature is unlearned;
 - plan sampling: where steps have decoded plainly ``PLAIN_STREAK`` times in a row at a batch-size and
-  temperature bucket (by an all-plain plan, probes included, or by the goodput guard's veto), the steps
-  there decode plainly unplanned, but for a fraction ``REPLAN_RATE`` whose plan checks again (and
-  exploration draws with it); a plan that speculates ends the streak, and another load or temperature is
-  planned at once. At 16-32 requests, where plain decode is
-  optimal, planning every step cost 0.6-1.5% of the run's time for nothing. The other steps do not ask the
-  goodput guard either: the sampled ones ask it at ``1 / REPLAN_RATE`` times its probe rate, so its probes
-  start as often per step. At 32 prose requests, T = 0.7 (~24 ms steps), unplanned steps that asked it took
-  46-57 us, those that do not 22 us; the policy's `decide` took 70-80 us on average, now 30-33 (``off``: 7);
+  temperature bucket (by an all-plain plan or by the goodput guard's veto), the steps there decode plainly
+  unplanned, but for a fraction ``REPLAN_RATE`` whose plan checks again (and exploration draws with it); a
+  plan that speculates ends the streak, and another load or temperature is planned at once. An exploration
+  probe does not end it: it is no plan to speculate, and what it teaches, the next sampled plan reads. At
+  16-32 requests, where plain decode is optimal, planning every step cost 0.6-1.5% of the run's time for
+  nothing. The other steps do not ask the goodput guard either: the sampled ones ask it at
+  ``1 / REPLAN_RATE`` times its probe rate, so its probes start as often per step. At 32 prose requests,
+  T = 0.7 (~24 ms steps), unplanned steps that asked it took 46-57 us, those that do not 22 us; the policy's
+  `decide` took 70-80 us on average, then 30-33 (``off``: 7). On a VM with ~10 ms steps there it took 48 us
+  against ``off``'s 7, 0.4% of the step time and about all of adaptive's shortfall against ``off`` in the
+  cell: a third of its steps at 17-32 requests were planned (~150 us each), half of them because exploration
+  probes had ended streaks, each followed by ``PLAIN_STREAK`` planned steps;
 - the goodput guard (policies/guard.py): where speculative steps (at this batch size and temperature)
   have not measurably emitted more tokens per second than plain steps, the step decodes plainly
   whatever the model predicts, or, where only the draft model's route lost, speculates with n-gram
@@ -109,8 +113,8 @@ class AdaptivePolicy(LearningPolicy):
                 plan = self._draft_measurement(candidates, coeffs, plan)
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
+        self._plain_streak[regime] = 0 if any(plan.ks) else streak + 1  # nor do they end streaks
         plan = self.last_plan = self._explore(plan, candidates, coeffs, requests)
-        self._plain_streak[regime] = 0 if any(plan.ks) else streak + 1
         return self._with_named_proposers(requests, [Decision(k, proposer) if k > 0 else PLAIN
                                                      for k, proposer in zip(plan.ks, plan.proposers, strict=True)])
 
