@@ -29,7 +29,8 @@ Five corrections on top of the pure optimum:
   against ``off``'s 7, 0.4% of the step time and about all of adaptive's shortfall against ``off`` in the
   cell: a third of its steps at 17-32 requests were planned (~150 us each), half of them because exploration
   probes had ended streaks, each followed by ``PLAIN_STREAK`` planned steps. Since probes end none, adaptive
-  ran 1.010x [1.005, 1.015] its old self there in lockstep (0.999x ``off``), 0.99-1.01x at 8-32 code requests;
+  ran 1.010x [1.005, 1.015] its old self there in lockstep (0.999x ``off``), 1.000-1.002x at 16-32 code
+  requests (T = 0.7, 1) and 1.010x at 8 prose requests, T = 0 (intervals within +-1%);
 - the goodput guard (policies/guard.py): where speculative steps (at this batch size and temperature)
   have not measurably emitted more tokens per second than plain steps, the step decodes plainly
   whatever the model predicts, or, where only the draft model's route lost, speculates with n-gram
