@@ -110,7 +110,8 @@ class _Window:
         return min(self.count, len(self.seconds))
 
     def rows(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.features[: self.filled], self.seconds[: self.filled]
+        filled = self.filled
+        return self.features[:filled], self.seconds[:filled]
 
 
 class _KeptPlainRows:
