@@ -219,7 +219,11 @@ def _ridge_fit(moments: _Moments, features: np.ndarray, seconds: np.ndarray, pri
 
     The pull is ``moments.ridge``, plus a floor that settles directions the data cannot see at all. Negative
     coefficients are fixed at zero and the rest refitted (a tiny active-set loop). A coefficient is
-    well determined when the data alone would fix its contribution to a typical step within 5%.
+    well determined when the data alone would fix its contribution to a typical step within 5%, and some row
+    has its feature: a cost that no step of the window paid (g where every step decoded plainly, h where no
+    draft round caught up) contributes exactly nothing, which says nothing of it. Remembered as determined, such
+    a coefficient took each fit's rescaling of its prior, and those compounded: g at 0.65-7.3x itself after
+    5000 plain steps, h at 1e64 s a token in a simulation without catch-ups.
     """
     predicted_by_prior = float(moments.mean @ prior)
     scale = moments.mean_seconds / predicted_by_prior if predicted_by_prior > 0 else 1.0
@@ -242,7 +246,7 @@ def _ridge_fit(moments: _Moments, features: np.ndarray, seconds: np.ndarray, pri
     variance = rmse**2 * np.diag(np.linalg.inv(_block(moments.gram, free) + np.diag(moments.floor[free])))
     well = np.zeros(len(prior), dtype=bool)
     contribution_error = np.sqrt(variance) * moments.mean[free]
-    well[free] = contribution_error <= WELL_DETERMINED * abs(moments.mean_seconds)
+    well[free] = (contribution_error <= WELL_DETERMINED * abs(moments.mean_seconds)) & (moments.mean[free] > 0)
     return RegressionFit(coef, well, rmse)
 
 

@@ -120,6 +120,26 @@ def test_steady_traffic_does_not_erase_a_learned_token_cost() -> None:
     assert model.fit_summary()["verify_learned"]["per_token"] is True
 
 
+def test_a_cost_no_step_of_the_window_pays_holds_its_value() -> None:
+    """Regression: in a window where no step verifies drafts (all plain decode: ``off``, or a batch too loaded to
+    speculate), g's contribution read as known exactly (nothing, with no error), so every refit remembered g as its
+    prior rescaled to the window's level, and the rescalings compounded: over these 5000 plain steps g ended at
+    0.65-7.3x itself (seeds 0-7; now 0.997-1.005x), and in a simulation whose draft rounds never caught up, h
+    reached 1e64 s a token."""
+    rng = random.Random(0)
+    model = CostModel()
+    for _ in range(400):
+        batch, k = rng.randint(1, 8), rng.choice([0, 0, 2, 4])
+        tokens = batch * (1 + k)
+        model.observe(StepTiming(batch, tokens, _verify_seconds(batch, tokens, k > 0) * (1 + rng.gauss(0, 0.03))))
+    for _ in range(600):  # the window now holds plain steps alone
+        model.observe(StepTiming(32, 32, _verify_seconds(32, 32, False) * (1 + rng.gauss(0, 0.03))))
+    held = model.coefficients().g
+    for _ in range(5000):
+        model.observe(StepTiming(32, 32, _verify_seconds(32, 32, False) * (1 + rng.gauss(0, 0.03))))
+    assert model.coefficients().g == pytest.approx(held, rel=0.02)
+
+
 def _verify_seconds(batch: int, tokens: int, verifies: bool) -> float:
     return 8e-3 + 5e-4 * batch + 2.5e-4 * tokens + (3e-3 if verifies else 0.0)
 
