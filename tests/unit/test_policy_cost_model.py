@@ -128,15 +128,18 @@ def test_a_cost_no_step_of_the_window_pays_holds_its_value() -> None:
     reached 1e64 s a token."""
     rng = random.Random(0)
     model = CostModel()
-    for _ in range(400):
-        batch, k = rng.randint(1, 8), rng.choice([0, 0, 2, 4])
+
+    def observe(batch: int, k: int) -> None:
         tokens = batch * (1 + k)
         model.observe(StepTiming(batch, tokens, _verify_seconds(batch, tokens, k > 0) * (1 + rng.gauss(0, 0.03))))
+
+    for _ in range(400):
+        observe(rng.randint(1, 8), rng.choice([0, 0, 2, 4]))
     for _ in range(600):  # the window now holds plain steps alone
-        model.observe(StepTiming(32, 32, _verify_seconds(32, 32, False) * (1 + rng.gauss(0, 0.03))))
+        observe(32, 0)
     held = model.coefficients().g
     for _ in range(5000):
-        model.observe(StepTiming(32, 32, _verify_seconds(32, 32, False) * (1 + rng.gauss(0, 0.03))))
+        observe(32, 0)
     assert model.coefficients().g == pytest.approx(held, rel=0.02)
 
 
