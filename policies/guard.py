@@ -13,7 +13,13 @@ down to break-even (the same reason the other way: a flip costs, and a figure ov
 under a bar it truly clears). At 8 code requests, T = 0.7, sustained speculation read 0.97-1.15x plain
 decode as its figure moved, around ~1.1x: with one bar for both ways it dipped under 1.05 sooner
 or later, and the rejection, dear to probe there (the draft model first catches up on every request,
-~2.5-3.4 plain steps), stood for runs while fixed draft k = 4 ran 1.01-1.15x ``off``.
+~2.5-3.4 plain steps), stood for runs while fixed draft k = 4 ran 1.01-1.15x ``off``. A win that falls under
+break-even is measured again at once before it is rejected: a plain step (plain decode as it runs now, held until
+measured), then a burst that measures speculation afresh, its figure replacing the fallen one as a probe's does
+(`_route_decision`). The draft model is in step with the requests there, so this costs no catch-up, and where
+speculation truly lost it costs a burst at about break-even. Rejected at once, the route waited for a probe: at 8
+prose requests, T = 1, a 100-step figure read 1.16x plain decode, then 0.99x 15 steps later, and the rejection stood
+for ~200 steps (two thirds of a run) while fixed draft k = 2 ran 1.1x ``off``; re-measured, such a fall read 1.09x.
 
 Steps in which the draft model first had to catch up on tokens it missed (its lazy prefill, or a
 return from plain decode) count like any other: the plan's own switching between plain and
@@ -525,10 +531,13 @@ class GoodputGuard:
         """(speculate | plain (a deliberate plain step: it measures the plain arm) | rejected (try a cheaper
         route), the route's verdict from `_judge`)."""
         verdict, vs_plain = self._judge(*key)
-        if verdict is not None:
-            self._speculative[key].winning = verdict == "speculate"
         if not measured:
             return ("speculate" if verdict == "speculate" else "rejected"), verdict
+        fallen = False
+        if verdict is not None:
+            spec = self._speculative[key]
+            fallen = spec.winning and verdict in ("decode plainly", "remeasure")  # measured again at once
+            spec.winning = verdict == "speculate"
         if verdict is None and not self._smaller_batches_reject(*key):
             return "speculate", verdict  # let the plan show what speculation does here
         if verdict == "measure more":
@@ -547,8 +556,10 @@ class GoodputGuard:
             return ("plain" if self._plain_probe(key[0], rng, probe_rate) else "speculate"), verdict
         # speculation lost here, or is untried here and lost at a smaller batch: probe it in bursts
         left = self._burst_left.get(key, 0)
-        if left == 0 and (verdict == "remeasure" or rng.random() < probe_rate / PROBE_BURST):
+        if left == 0 and (fallen or verdict == "remeasure" or rng.random() < probe_rate / PROBE_BURST):
             left = PROBE_LIMIT
+            if fallen:  # plain decode as it runs now first: the burst waits for it (below)
+                self._plain_probe_left[key[0]] = PROBE_LIMIT
             rejected = self._speculative.get(key)
             confirming = rejected is not None and not rejected.probed
             self._probes[key] = _Arm(catching_up=key[2] == "draft", confirming=confirming)
@@ -557,6 +568,10 @@ class GoodputGuard:
             if verdict == "remeasure":  # one burst per change of pace, whatever it measures
                 spec = self._speculative[key]
                 spec.plain_reference = self._plain_rate(key[0], spec.sizes)[0] or spec.plain_reference
+        if left and self._plain_probe_left.get(key[0]):  # a plain probe under way: the burst waits for it
+            self._burst_left[key] = left
+            self._plain_probe_left[key[0]] -= 1
+            return "plain", verdict
         self._burst_left[key] = max(0, left - 1)
         if left == 1 and key in self._probes:  # the burst ends before its probe measured enough: drop the probe
             self._end_probe(key)

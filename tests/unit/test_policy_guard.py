@@ -481,6 +481,9 @@ def test_n_gram_speculation_is_judged_apart_from_the_draft_model() -> None:
     assert allowed_fraction(guard, 32, 0.05, proposer="draft", speculative=lost) < 0.05  # bursts of probes only
     for _ in range(40):
         guard.observe(step(32, True, 30, 0.011, route="ngram"))  # n-gram lookups stop paying too
+    lost = step(32, True, 30, 0.011, route="ngram")  # measured again at once, and lost again
+    assert allowed_fraction(guard, 32, 0.0, proposer="ngram", speculative=lost,
+                            plain=step(32, False, 32, 0.010)) == PROBE_BURST / 4000
     assert allowed_fraction(guard, 32, 0.0, proposer="ngram") == 0.0
 
 
@@ -562,7 +565,10 @@ def test_a_near_miss_rejects_speculation_only_on_more_steps() -> None:
         guard.observe(step(4, True, 9, 0.020))  # 450 tokens/s: over the bar once the switch is diluted
     assert allowed_fraction(guard, 4, 0.0) == 1.0
     for _ in range(SURE):
-        guard.observe(step(4, True, 6, 0.016))  # 375 tokens/s, below break-even on enough steps: rejected
+        guard.observe(step(4, True, 6, 0.016))  # 375 tokens/s, below break-even on enough steps
+    lost, plain = step(4, True, 6, 0.016), step(4, False, 4, 0.010)  # a fallen win: measured again, then rejected
+    # (the draft's catch-up, then a near miss again: on SURE steps)
+    assert allowed_fraction(guard, 4, 0.0, speculative=lost, plain=plain) == (SURE + 1) / 4000
     assert allowed_fraction(guard, 4, 0.0) == 0.0
     bad = GoodputGuard()
     for _ in range(SAMPLES):
@@ -586,6 +592,9 @@ def test_winning_speculation_is_rejected_only_below_break_even() -> None:
     assert allowed_fraction(guard, 8, 0.0) == 1.0
     for _ in range(3 * SURE):
         guard.observe(step(8, True, 16, 0.0125))  # 1280 tokens/s: 0.96x, it loses
+    # measured again at once (a plain step, the draft's catch-up, a fresh figure: a near miss, so SURE steps)
+    lost, plain = step(8, True, 16, 0.0125), step(8, False, 8, 0.006)
+    assert allowed_fraction(guard, 8, 0.0, speculative=lost, plain=plain) == (SURE + 1) / 4000
     assert allowed_fraction(guard, 8, 0.0) == 0.0
     for _ in range(SAMPLES):
         guard.observe(step(8, False, 8, 0.006))
@@ -595,6 +604,27 @@ def test_winning_speculation_is_rejected_only_below_break_even() -> None:
     for _ in range(SURE + 1):  # its figure, at 1.02x on enough steps, must clear the bar again to be taken up
         guard.observe(step(8, True, 17, 0.0125))
     assert allowed_fraction(guard, 8, 0.0) == 0.0
+
+
+def test_a_win_that_falls_is_measured_again_at_once_before_it_is_rejected() -> None:
+    """A winning figure that falls under break-even takes a plain step (plain decode as it runs now), then a burst
+    that measures speculation afresh: at 8 prose requests, T = 1, a 100-step figure read 1.16x plain decode, then
+    0.99x 15 steps later, and its rejection stood for ~200 steps where a re-measure read 1.09x."""
+    guard = GoodputGuard()
+    for _ in range(SAMPLES):
+        guard.observe(step(8, False, 8, 0.010))  # plain: 800 tokens/s
+        guard.observe(step(8, True, 12, 0.010))  # 1.5x
+    rng = random.Random(0)
+    assert "draft" in guard.allowed_proposers(8, 0.0, rng, 0.0)
+    for _ in range(3 * SAMPLES):
+        guard.observe(step(8, True, 7, 0.010))  # falls to 0.875x
+    assert "draft" not in guard.allowed_proposers(8, 0.0, rng, 0.0)  # a plain step first, held until measured
+    assert "draft" not in guard.allowed_proposers(8, 0.0, rng, 0.0)
+    guard.observe(step(8, False, 8, 0.010))
+    for _ in range(SAMPLES + 1):  # the burst: its first step, the draft's catch-up, is not measured
+        assert "draft" in guard.allowed_proposers(8, 0.0, rng, 0.0)
+        guard.observe(step(8, True, 10, 0.010))  # 1.25x: it wins again
+    assert allowed_fraction(guard, 8, 0.0) == 1.0
 
 
 def test_a_probe_measures_speculation_afresh() -> None:
