@@ -18,8 +18,9 @@ break-even is measured again at once before it is rejected: a plain step (plain 
 measured), then a burst that measures speculation afresh, its figure replacing the fallen one as a probe's does
 (`_route_decision`). The draft model is in step with the requests there, so this costs no catch-up, and where
 speculation truly lost it costs a burst at about break-even. Rejected at once, the route waited for a probe: at 8
-prose requests, T = 1, a 100-step figure read 1.16x plain decode, then 0.99x 15 steps later, and the rejection stood
-for ~200 steps (two thirds of a run) while fixed draft k = 2 ran 1.1x ``off``; re-measured, such a fall read 1.09x.
+prose requests, T = 1, a figure that read 1.23x plain decode at 60 steps read 0.99x at 229, and the rejection stood
+for ~200 steps (two thirds of a run) while fixed draft k = 2 ran 1.1x ``off``. Re-measured at once, two falls there
+read 1.09x (speculation went on) and 0.72x (rejected).
 
 Steps in which the draft model first had to catch up on tokens it missed (its lazy prefill, or a
 return from plain decode) count like any other: the plan's own switching between plain and
