@@ -31,7 +31,8 @@ from bench.common import run_engines_lockstep, save
 from bench.policy_sweep import POLICIES, cell_traffic, make_engines
 from bench.prompts import PROSE, code_prompts
 from policies.base import StepTiming
-from policies.guard import GoodputGuard, batch_bucket
+from policies.guard import GoodputGuard
+from policies.guard_figures import batch_bucket
 
 
 def main() -> None:

@@ -60,7 +60,8 @@ from policies.base import BatchView, Decision, ProposerName, RequestView
 from policies.cost_model import CostCoefficients
 from policies.fixed import PLAIN, fixed_decision
 from policies.goodput import BatchPlan, Candidate, plan_batch, with_probe
-from policies.guard import ALL_PROPOSERS, batch_bucket, measures_step
+from policies.guard import ALL_PROPOSERS
+from policies.guard_figures import batch_bucket, measures_step
 from policies.learning import LearnedState, LearningPolicy
 from policies.settings import PolicySettings
 

@@ -33,9 +33,8 @@ from policies.guard import (
     REGIME_SHIFT,
     SURE_SAMPLES,
     GoodputGuard,
-    batch_bucket,
-    measures_step,
 )
+from policies.guard_figures import batch_bucket, measures_step
 from policies.simulate import SimCost, simulate
 
 SAMPLES = MIN_SPECULATIVE_SAMPLES  # steps of each arm the tests feed before asking for a verdict
