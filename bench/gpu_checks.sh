@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a lent GPU machine (whose python3 holds a CUDA torch; no .venv needed):
 #   1. exactness on CUDA: the gpu-marked greedy and sampling exactness tests (float32);
-#   2. what a shape new to the process costs (bench/first_touch.py: ~50 ms per masked-attention shape with cuDNN);
-#   3. which steps stall on the GPU, and whether they ran a shape for the first time (bench/step_stalls.py);
-#   4. the policy sweep on the GPU (off, adaptive, draft k=4, n-gram k=4), cells in order of value, while time lasts;
+#   2. the policy sweep on the GPU (off, adaptive, draft k=4, n-gram k=4), cells in order of value, while time lasts:
+#      first code T=0 at 32 clients, the one cell under target (0.92x draft k=4 on an H100, 2026-11-27);
+#   3. what a shape new to the process costs (bench/first_touch.py: ~50 ms per masked-attention shape with cuDNN);
+#   4. which steps stall on the GPU, and whether they ran a shape for the first time (bench/step_stalls.py);
 #   5. issue 2's roofline: decode of a random Llama-3.2-3B-shaped model in bf16, batch 1 and 16, vs transformers;
 #   6. how often bf16 batch shapes flip greedy near-ties on the GPU (bench/bf16_divergence.py);
 #   7. one more sweep cell, at 1 client (slow on a GPU).
@@ -39,19 +40,19 @@ $PY -c "import torch, transformers; print('torch', torch.__version__, 'transform
 torch.cuda.get_device_name())"
 step exactness 150 $PY -m pytest -q -p no:cacheprovider -m gpu -W ignore::pytest.PytestConfigWarning \
     tests/integration/test_exactness.py tests/integration/test_sampling_exactness.py
-step first_touch 60 $PY -m bench.first_touch --device cuda --dtype bfloat16
-step step_stalls 90 $PY -m bench.step_stalls --device cuda --dtype bfloat16 --workload code --temperature 0 \
-    --concurrency 8 --runs 3
 sweep_cell() {  # sweep_cell WORKLOAD TEMPERATURE CONCURRENCY: one policy-sweep cell, if a minute is left
     [ "$(left)" -gt 60 ] || return
     local name=policy_sweep_cuda_${1}_c${3}_t${2//./_}
     step "$name" "$(left)" $PY -m bench.policy_sweep --device cuda --dtype bfloat16 --repeats 3 \
         --policies "draft k=4,ngram k=4" --workloads "$1" --temperatures "$2" --concurrency "$3" --output "$name"
 }
+sweep_cell code 0 32
 sweep_cell code 0 8
 sweep_cell code 1.0 8
 sweep_cell prose 0.7 8
-sweep_cell code 0 32
+[ "$(left)" -gt 60 ] && step first_touch 60 $PY -m bench.first_touch --device cuda --dtype bfloat16
+[ "$(left)" -gt 90 ] && step step_stalls 90 $PY -m bench.step_stalls --device cuda --dtype bfloat16 --workload code \
+    --temperature 0 --concurrency 8 --runs 3
 [ "$(left)" -gt 150 ] && step roofline 150 $PY -m bench.decode --device cuda --dtype bfloat16 --shape llama-3.2-3b \
     --concurrency 1,16 --new-tokens 128
 [ "$(left)" -gt 90 ] && step bf16_divergence 90 $PY -m bench.bf16_divergence --device cuda
