@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from policies.base import StepTiming
+from policies.cost_audit import PredictionAudit
 
 # Relative defaults before data: verifying k+1 = 5 tokens at batch 1 costs ~1.05 of a 1-token step
 # (memory-bound), one draft forward pass costs ~0.2 of a target step, and a token the draft model
@@ -328,6 +329,7 @@ class CostModel:
         self._draft_override: float | None = None
         self._fitted: CostCoefficients | None = None
         self._sources = ("default", "default")
+        self.audit = PredictionAudit()
 
     def configure(
         self, verify_override: tuple[float, float, float] | None = None, draft_override: float | None = None
@@ -342,10 +344,15 @@ class CostModel:
                 or timing.num_prefill_tokens):  # it predicts decode/verify steps: prefill chunks would skew its fit
             return
         verifies = float(timing.speculative)
+        coef = self.coefficients()  # what the plan of this step was priced with
+        self.audit.record("verify" if verifies else "plain", timing.batch_size, timing.target_seconds,
+                          coef.target_seconds(timing.batch_size, timing.num_tokens, timing.speculative))
         self._target.add((1.0, timing.batch_size, timing.num_tokens, verifies), timing.target_seconds,
                          plain=not timing.speculative)
         if timing.num_draft_requests > 0 and timing.num_draft_tokens > 0 and timing.draft_seconds > 0:
             passes = timing.num_draft_passes or math.ceil(timing.num_draft_tokens / timing.num_draft_requests)
+            plan = DraftPlan(passes, timing.num_draft_requests, timing.num_draft_catch_up_tokens)
+            self.audit.record("draft", timing.batch_size, timing.draft_seconds, coef.draft_seconds(plan))
             self._draft.add((1.0, passes, passes * timing.num_draft_requests, timing.num_draft_catch_up_tokens),
                             timing.draft_seconds)
         self._num_unfitted += 1
@@ -400,4 +407,5 @@ class CostModel:
                               "per_catch_up_token": coef.h},
             "verify_rmse_seconds": self._target.rmse,
             "draft_cost_ratio": coef.d / coef.a if coef.a > 0 else None,
+            "prediction_audit": self.audit.summary(),
         }

@@ -52,6 +52,7 @@ from policies.guard_figures import (
     JoiningCost,
     average_in,
     batch_bucket,
+    bucket_sizes,
     measures_step,
     mix_rate,
     rate_over_plain,
@@ -424,7 +425,6 @@ class GoodputGuard:
         tokens/s by route and temperature, each with ``vs_plain``: its rate over plain decode's at its batch sizes."""
         out = []
         for bucket in sorted(set(self._plain) | {b for b, _, _ in self._speculative}):
-            low, high = (1, 1) if bucket == 0 else (2 ** (bucket - 1) + 1, 2**bucket)
             plain = list(self._plain.get(bucket, {}).values())
             speculative: dict[str, dict[str, Any]] = {}
             for (b, t, route), arm in sorted(self._speculative.items()):
@@ -439,7 +439,7 @@ class GoodputGuard:
                 seconds = sum(arm.seconds for arm in plain)
                 plain_summary = {"tokens_per_s": sum(arm.tokens for arm in plain) / seconds if seconds > 0 else 0.0,
                                  "steps": sum(arm.samples for arm in plain)}
-            out.append({"batch_sizes": [low, high], "plain": plain_summary, "speculative": speculative})
+            out.append({"batch_sizes": bucket_sizes(bucket), "plain": plain_summary, "speculative": speculative})
         return out
 
 

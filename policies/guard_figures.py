@@ -45,6 +45,11 @@ def batch_bucket(batch_size: int) -> int:
     return (max(1, batch_size) - 1).bit_length()  # ceil(log2(batch_size)), exactly
 
 
+def bucket_sizes(bucket: int) -> list[int]:
+    """[smallest, largest] batch size of a `batch_bucket`."""
+    return [1, 1] if bucket == 0 else [2 ** (bucket - 1) + 1, 2**bucket]
+
+
 @dataclass
 class Figure:
     """One arm's average step (tokens emitted, seconds) and the batch sizes it came from; on speculative figures

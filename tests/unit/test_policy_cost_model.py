@@ -94,6 +94,22 @@ def test_overrides_replace_the_fit() -> None:
     assert model.fit_summary()["verify_source"] == "override"
 
 
+def test_prediction_audit_reports_which_steps_the_model_misprices() -> None:
+    """Measured / predicted per kind of step and batch-size bucket, each step priced as its plan was."""
+    model = CostModel()
+    model.configure(verify_override=(0.01, 0.0, 0.001), draft_override=0.002)
+    for _ in range(30):
+        model.observe(StepTiming(4, 4, 0.014))  # as predicted
+        model.observe(StepTiming(4, 12, 0.044, num_draft_tokens=6, draft_seconds=0.003, num_draft_requests=2,
+                                 num_draft_passes=3))  # verifying: twice the prediction; drafting: half of it
+    model.observe(StepTiming(20, 20, 0.06))  # another bucket: 17-32
+    audit = model.fit_summary()["prediction_audit"]
+    assert audit["plain"] == [{"batch_sizes": [3, 4], "measured_over_predicted": pytest.approx(1.0), "steps": 30},
+                              {"batch_sizes": [17, 32], "measured_over_predicted": pytest.approx(2.0), "steps": 1}]
+    assert audit["verify"] == [{"batch_sizes": [3, 4], "measured_over_predicted": pytest.approx(2.0), "steps": 30}]
+    assert audit["draft"] == [{"batch_sizes": [3, 4], "measured_over_predicted": pytest.approx(0.5), "steps": 30}]
+
+
 def test_bad_timings_are_ignored_and_summary_is_json() -> None:
     model = CostModel()
     model.observe(StepTiming(0, 0, 0.01))
