@@ -42,6 +42,7 @@ class EngineCollector(Collector):
             return
         yield from self._gauges(stats)
         yield from self._spec_counters(stats)
+        yield from self._cost_audit(stats)
 
     @staticmethod
     def _gauges(stats: dict) -> Iterator[Metric]:
@@ -70,6 +71,23 @@ class EngineCollector(Collector):
         for position, value in enumerate(stats.get("spec_decode_num_accepted_tokens_per_pos", [])):
             per_pos.add_metric([str(position)], value)
         yield per_pos
+
+
+    @staticmethod
+    def _cost_audit(stats: dict) -> Iterator[Metric]:
+        """The speculation policy's cost model against the clock (policies/cost_audit.py)."""
+        audit = stats.get("policy", {}).get("cost_model", {}).get("prediction_audit", {})
+        ratio = GaugeMetricFamily(
+            ENGINE_PREFIX + "policy_cost_measured_over_predicted",
+            "Measured over predicted step seconds of the speculation policy's cost model (geometric mean of the last"
+            " ~50 steps), per kind of step (plain, verify, draft) and batch-size bucket.",
+            labels=["kind", "batch_sizes"],
+        )
+        for kind, buckets in audit.items():
+            for bucket in buckets:
+                low, high = bucket["batch_sizes"]
+                ratio.add_metric([kind, f"{low}-{high}"], bucket["measured_over_predicted"])
+        yield ratio
 
 
 class GatewayMetrics:

@@ -358,7 +358,11 @@ class FakeEngine:
             "spec_decode_num_draft_tokens": self.num_draft_tokens,
             "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
             "spec_decode_num_accepted_tokens_per_pos": list(self.accepted_per_pos),
-            "policy": {"mode": self.policy["mode"], "k": self.policy["k"], "num_rounds": self.num_drafts},
+            "policy": {"mode": self.policy["mode"], "k": self.policy["k"], "num_rounds": self.num_drafts,
+                       "cost_model": {"prediction_audit": {
+                           "plain": [{"batch_sizes": [5, 8], "measured_over_predicted": 1.0, "steps": 40}],
+                           "verify": [{"batch_sizes": [5, 8], "measured_over_predicted": 1.12, "steps": 30}],
+                           "draft": []}}},
         }
 
     def policy_settings(self) -> dict:

@@ -90,6 +90,11 @@ async def test_metrics_exposition(client: httpx.AsyncClient, engine: FakeEngine)
     per_pos = {s.labels["position"]: s.value for s in m["specserve:spec_decode_num_accepted_tokens_per_pos_total"]}
     assert per_pos["0"] == engine.accepted_per_pos[0]
     assert sum(per_pos.values()) == engine.num_accepted_tokens
+    # the policy's cost model against the clock, per kind of step and batch-size bucket
+    ratio = "specserve:policy_cost_measured_over_predicted"
+    assert value(m, ratio, kind="plain", batch_sizes="5-8") == 1.0
+    assert value(m, ratio, kind="verify", batch_sizes="5-8") == 1.12
+    assert {s.labels["kind"] for s in m[ratio]} == {"plain", "verify"}
 
 
 async def test_kv_usage_gauge_reads_the_engine(client: httpx.AsyncClient, engine: FakeEngine) -> None:
