@@ -175,6 +175,8 @@ def main() -> None:
                       f"best fixed, {verdict['adaptive_vs_off']:.3f}x off (paired)"
                       + (f"; twins: {TWIN} {verdict['twin_vs_best_fixed']:.2f}x best fixed, "
                          f"{OFF_TWIN} {verdict['off_twin_vs_off']:.3f}x off" if args.twin else ""), flush=True)
+                print(f"  adaptive's cost model, measured / predicted seconds near {n} requests: "
+                      + audit_at_load(stats["cost_model"]["prediction_audit"], n), flush=True)
     print(table(rows, ["workload", "temperature", "concurrency", "policy", "tok_s", "tpot_ms", "vs_off", "acceptance"]))
     twin_columns = ["twin_vs_best_fixed", "twin_vs_original", "off_twin_vs_off"] if args.twin else []
     print(table(summary, ["workload", "temperature", "concurrency", "best_fixed", "adaptive_vs_best_fixed",
@@ -248,9 +250,22 @@ def guard_at_load(engine: LLMEngine, concurrency: int) -> list[dict]:
     """The goodput guard's figures (policies/guard.py) for the batch sizes a cell of ``concurrency`` clients runs at
     most of its time: its own bucket and the one below (the batch drains through it). What the guard measured is why
     a cell speculated or not, and the chosen-k histograms alone cannot tell a stuck verdict from a fair one."""
-    buckets = engine.policy.stats()["goodput_guard"]
-    return [bucket for bucket in buckets if bucket["batch_sizes"][1] >= concurrency // 2
-            and bucket["batch_sizes"][0] <= concurrency]
+    return [bucket for bucket in engine.policy.stats()["goodput_guard"] if near_load(bucket, concurrency)]
+
+
+def near_load(bucket: dict, concurrency: int) -> bool:
+    """Whether a batch-size bucket of the policy's stats is the one of ``concurrency`` or the one below it."""
+    low, high = bucket["batch_sizes"]
+    return high >= concurrency // 2 and low <= concurrency
+
+
+def audit_at_load(audit: dict[str, list[dict]], concurrency: int) -> str:
+    """The cost model's prediction audit (policies/cost_audit.py) at the bucket of ``concurrency`` and the one below:
+    whether the plans priced this cell's steps right, at a glance in a sweep's log."""
+    near = [(kind, bucket) for kind, buckets in audit.items() for bucket in buckets if near_load(bucket, concurrency)]
+    return "; ".join(f"{kind} {bucket['batch_sizes'][0]}-{bucket['batch_sizes'][1]}: "
+                     f"{bucket['measured_over_predicted']:.2f} ({bucket['steps']} steps)"
+                     for kind, bucket in near) or "none"
 
 
 def cell_traffic(tokenizer, texts: list[str], num_requests: int, temperature: float, new_tokens: int,

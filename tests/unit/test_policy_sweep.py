@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench.common import RunResult
-from bench.policy_sweep import OFF_TWIN, TWIN, TWIN_OF, rotate_policies, summarize_cell
+from bench.policy_sweep import OFF_TWIN, TWIN, TWIN_OF, audit_at_load, rotate_policies, summarize_cell
 
 
 def runs(*rates: float) -> list[RunResult]:
@@ -45,3 +45,11 @@ def test_policies_take_every_engine_in_turn() -> None:
             seen[name].append(engine.label)
         rotate_policies(engines)  # type: ignore[arg-type]
     assert all(sorted(labels) == ["engine 0", "engine 1", "engine 2"] for labels in seen.values())
+
+
+def test_the_audit_line_shows_the_cells_batch_sizes_only() -> None:
+    audit = {"plain": [{"batch_sizes": [1, 1], "measured_over_predicted": 1.3, "steps": 2},
+                       {"batch_sizes": [5, 8], "measured_over_predicted": 1.01, "steps": 90}],
+             "verify": [{"batch_sizes": [5, 8], "measured_over_predicted": 1.234, "steps": 40}], "draft": []}
+    assert audit_at_load(audit, 8) == "plain 5-8: 1.01 (90 steps); verify 5-8: 1.23 (40 steps)"
+    assert audit_at_load(audit, 32) == "none"
