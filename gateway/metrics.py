@@ -72,7 +72,6 @@ class EngineCollector(Collector):
             per_pos.add_metric([str(position)], value)
         yield per_pos
 
-
     @staticmethod
     def _cost_audit(stats: dict) -> Iterator[Metric]:
         """The speculation policy's cost model against the clock (policies/cost_audit.py)."""

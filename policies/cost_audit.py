@@ -1,7 +1,7 @@
 """How far the cost model's predictions miss the steps it then measures, per kind of step and batch size.
 
 The planner weighs speculation by the fit's predicted step times, and a fit made mostly of plain steps can
-misprice speculative ones (it once erred by ~10% there, docs/goodput-guard.md). Its residual spread alone
+misprice speculative ones (it once erred by ~10% there, see policies/adaptive.py). Its residual spread alone
 does not say which way, nor on which steps. So every observed step is first predicted with the coefficients
 the planner used for it, and the ratio measured / predicted is averaged per kind of step (an EWMA of its log:
 a step the host stalled in, which the fit leaves out, moves a geometric mean less than an arithmetic one):
