@@ -138,17 +138,22 @@ def main() -> None:
                 cell = {"workload": workload, "temperature": temperature, "concurrency": n}
                 runs: dict[str, list[RunResult]] = {name: [] for name in policies}
                 chosen_k: dict[str, list[list[int]]] = {name: [] for name in policies}
+                policy_share: dict[str, list[float]] = {name: [] for name in policies}  # of each run's seconds
                 guard_after_runs: list[list[dict]] = []  # the adaptive policy's guard at the cell's load, per run
                 # and what its plans rest on, per run: the step-cost fit and the acceptance it has learned
                 model_after_runs: list[dict] = []
                 for _ in range(args.warmup + args.repeats):
-                    before = {name: engine.policy.stats()["chosen_k"]["histogram"] for name, engine in engines.items()}
+                    before = {name: engine.policy.stats() for name, engine in engines.items()}
                     results = run_engines_lockstep(engines, prompts, params, max_in_flight=n)
                     for name, engine in engines.items():
                         runs[name].append(results[name])
-                        after = engine.policy.stats()["chosen_k"]["histogram"]
-                        chosen_k[name].append([count - (before[name][k] if k < len(before[name]) else 0)
-                                               for k, count in enumerate(after)])
+                        after = engine.policy.stats()
+                        start = before[name]["chosen_k"]["histogram"]
+                        chosen_k[name].append([count - (start[k] if k < len(start) else 0)
+                                               for k, count in enumerate(after["chosen_k"]["histogram"])])
+                        policy_share[name].append(round((sum(after["policy_seconds"].values())
+                                                         - sum(before[name]["policy_seconds"].values()))
+                                                        / results[name].seconds, 5))
                     guard_after_runs.append(guard_at_load(engines["adaptive"], n))
                     stats = engines["adaptive"].policy.stats()
                     model_after_runs.append({"cost_model": stats["cost_model"], "acceptance": stats["acceptance"]})
@@ -166,6 +171,8 @@ def main() -> None:
                                  "warmup_tok_s": [round(run.tokens_per_s, 1) for run in warmups[name]],
                                  # request-steps per chosen k (0 = plain), warm-up runs first
                                  "chosen_k": chosen_k[name],
+                                 # the policy's own work (deciding, learning) over the run's seconds, warm-ups first
+                                 "policy_share": policy_share[name],
                                  **({"guard": guard_after_runs, "model": model_after_runs}
                                     if name == "adaptive" else {})})
                 summary.append(verdict := summarize_cell(cell, runs))
@@ -177,6 +184,9 @@ def main() -> None:
                          f"{OFF_TWIN} {verdict['off_twin_vs_off']:.3f}x off" if args.twin else ""), flush=True)
                 print(f"  adaptive's cost model, measured / predicted seconds near {n} requests: "
                       + audit_at_load(stats["cost_model"]["prediction_audit"], n), flush=True)
+                print("  policy work, share of each run (median): " + ", ".join(
+                    f"{name} {statistics.median(shares[args.warmup:]):.2%}" for name, shares in policy_share.items()),
+                    flush=True)
     print(table(rows, ["workload", "temperature", "concurrency", "policy", "tok_s", "tpot_ms", "vs_off", "acceptance"]))
     twin_columns = ["twin_vs_best_fixed", "twin_vs_original", "off_twin_vs_off"] if args.twin else []
     print(table(summary, ["workload", "temperature", "concurrency", "best_fixed", "adaptive_vs_best_fixed",

@@ -10,6 +10,7 @@ any settings change, including a change of mode.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,6 +48,7 @@ class PolicyController:
         self._num_request_steps = 0
         self._k_counts = [0] * (K_LIMIT + 1)
         self._proposer_counts = {"draft": 0, "ngram": 0}
+        self._seconds = {"deciding": 0.0, "learning": 0.0}  # the policy's own work, on the engine's thread
 
     def forget_learned(self) -> None:
         """Learn afresh: acceptance, step costs, the goodput guard and the operator counters all start over
@@ -103,7 +105,9 @@ class PolicyController:
     def decide(self, batch: BatchView) -> list[Decision]:
         with self._lock:
             self._apply_pending_locked()
+            start = time.perf_counter()
             decisions = self._policy.decide(batch)
+            self._seconds["deciding"] += time.perf_counter() - start
             self._num_steps += 1
             self._num_request_steps += len(decisions)
             speculative = [decision for decision in decisions if decision.k > 0]
@@ -115,11 +119,15 @@ class PolicyController:
 
     def observe(self, outcome: RoundOutcome) -> None:
         with self._lock:
+            start = time.perf_counter()
             self._policy.observe(outcome)
+            self._seconds["learning"] += time.perf_counter() - start
 
     def observe_step(self, timing: StepTiming) -> None:
         with self._lock:
+            start = time.perf_counter()
             self._policy.observe_step(timing)
+            self._seconds["learning"] += time.perf_counter() - start
 
     def forget(self, request_id: str) -> None:
         with self._lock:
@@ -137,6 +145,9 @@ class PolicyController:
                 "settings": self._settings.to_dict(),
                 "pending_settings": self._pending.to_dict() if self._pending else None,
                 "num_steps": self._num_steps,
+                # seconds the policy took of the engine's steps: choosing k (``decide``) and learning from rounds and
+                # step times; on a GPU, whose steps are short, the adaptive policy's planning is a visible share
+                "policy_seconds": dict(self._seconds),
                 "acceptance": self._learned.acceptance.summary(),
                 "chosen_k": {
                     "histogram": self._k_counts[: top + 1],

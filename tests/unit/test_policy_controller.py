@@ -88,6 +88,7 @@ def test_forget_learned_starts_over_with_the_same_settings() -> None:
     controller.forget_learned()
     stats = controller.stats()
     assert stats["num_steps"] == 0 and stats["chosen_k"]["histogram"] == [0] * 7
+    assert stats["policy_seconds"] == {"deciding": 0.0, "learning": 0.0}
     assert stats["acceptance"]["draft"]["num_rounds"] == 0 and stats["num_tracked_requests"] == 0
     assert stats["cost_model"]["num_observations"] == 0 and stats["goodput_guard"] == []
     assert controller.settings == PolicySettings(mode="auto", k_max=6) and controller.name == "adaptive"
@@ -105,6 +106,7 @@ def test_stats_are_json_and_count_decisions() -> None:
     assert stats["mode"] == "off" and stats["policy"] == "off" and stats["num_steps"] == 2
     assert set(stats["acceptance"]) == {"draft", "ngram"}
     assert "verify_seconds" in stats["cost_model"]
+    assert stats["policy_seconds"]["deciding"] > 0 and stats["policy_seconds"]["learning"] == 0
 
 
 def test_concurrent_updates_while_the_engine_steps() -> None:
