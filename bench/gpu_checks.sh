@@ -4,7 +4,8 @@
 #   2. the policy sweep on the GPU (off, adaptive, draft k=4, n-gram k=4), cells in order of value, while time lasts:
 #      first code T=0 at 32 clients, the one cell under target (0.92x draft k=4 on an H100, 2026-11-27); each
 #      cell's log prints adaptive's cost model as measured / predicted seconds per kind of step at its load (is
-#      drafting for all priced dearer than it runs there?), and its JSON keeps the fit and guard figures per run;
+#      drafting for all priced dearer than it runs there?) and each policy's own work as a share of its runs (a
+#      GPU's short steps make adaptive's planning dearer), and its JSON keeps the fit and guard figures per run;
 #   3. what a shape new to the process costs (bench/first_touch.py: ~50 ms per masked-attention shape with cuDNN);
 #   4. which steps stall on the GPU, and whether they ran a shape for the first time (bench/step_stalls.py);
 #   5. issue 2's roofline: decode of a random Llama-3.2-3B-shaped model in bf16, batch 1 and 16, vs transformers;
