@@ -159,3 +159,25 @@ def test_packed_linears_pad_rows_to_a_bounded_set_of_sizes():
     x = torch.randn(19, 32)
     out = PackedLinear(linear)(x)
     assert out.shape == (19, 48) and torch.allclose(out, linear(x), atol=1e-5)
+
+
+def test_packed_linears_are_touched_once_per_row_count_in_a_process(monkeypatch):
+    """Warm-up has oneDNN build its kernels for every row count a step can feed, and a second engine of the
+    process, whose shapes are the same, builds none again."""
+    from engine.models import llama
+
+    monkeypatch.setattr(llama, "_TOUCHED_SHAPES", set())
+    model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.Linear(40, 24))
+    assert llama.pack_linears_for_cpu(model)
+    calls: list[int] = []
+    original = llama.PackedLinear.forward
+    monkeypatch.setattr(llama.PackedLinear, "forward", lambda self, x: calls.append(x.shape[0]) or original(self, x))
+    llama.touch_packed_linears(model, 20)
+    counts = [*range(1, 17), 20]
+    assert sorted(calls) == sorted(counts * 2)  # each row count oneDNN sees up to 20, for both linears
+    assert {(24, 40, torch.float32, rows) for rows in counts} <= llama._TOUCHED_SHAPES
+    calls.clear()
+    llama.touch_packed_linears(model, 20)
+    assert calls == []
+    llama.touch_packed_linears(torch.nn.Sequential(torch.nn.Linear(24, 40)), 20)  # no packed linears: nothing to do
+    assert calls == []
