@@ -145,17 +145,17 @@ def main() -> None:
                 for _ in range(args.warmup + args.repeats):
                     before = {name: engine.policy.stats() for name, engine in engines.items()}
                     results = run_engines_lockstep(engines, prompts, params, max_in_flight=n)
-                    for name, engine in engines.items():
+                    afters = {name: engine.policy.stats() for name, engine in engines.items()}
+                    for name, after in afters.items():
                         runs[name].append(results[name])
-                        after = engine.policy.stats()
                         start = before[name]["chosen_k"]["histogram"]
                         chosen_k[name].append([count - (start[k] if k < len(start) else 0)
                                                for k, count in enumerate(after["chosen_k"]["histogram"])])
                         policy_share[name].append(round((sum(after["policy_seconds"].values())
                                                          - sum(before[name]["policy_seconds"].values()))
                                                         / results[name].seconds, 5))
-                    guard_after_runs.append(guard_at_load(engines["adaptive"], n))
-                    stats = engines["adaptive"].policy.stats()
+                    stats = afters["adaptive"]
+                    guard_after_runs.append(guard_at_load(stats, n))
                     model_after_runs.append({"cost_model": stats["cost_model"], "acceptance": stats["acceptance"]})
                     rotate_policies(engines)
                 warmups = {name: rs[: args.warmup] for name, rs in runs.items()}
@@ -256,11 +256,11 @@ def rotate_policies(engines: dict[str, LLMEngine]) -> None:
     engines.update(moved)
 
 
-def guard_at_load(engine: LLMEngine, concurrency: int) -> list[dict]:
-    """The goodput guard's figures (policies/guard.py) for the batch sizes a cell of ``concurrency`` clients runs at
+def guard_at_load(stats: dict, concurrency: int) -> list[dict]:
+    """The goodput guard's figures in a policy's ``stats`` for the batch sizes a cell of ``concurrency`` clients runs at
     most of its time: its own bucket and the one below (the batch drains through it). What the guard measured is why
     a cell speculated or not, and the chosen-k histograms alone cannot tell a stuck verdict from a fair one."""
-    return [bucket for bucket in engine.policy.stats()["goodput_guard"] if near_load(bucket, concurrency)]
+    return [bucket for bucket in stats["goodput_guard"] if near_load(bucket, concurrency)]
 
 
 def near_load(bucket: dict, concurrency: int) -> bool:

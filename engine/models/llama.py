@@ -302,6 +302,9 @@ def padded_rows(rows: int) -> int:
     return -(-rows // 256) * 256
 
 
+_TOUCHED_SHAPES: set[tuple[int, int, torch.dtype, int]] = set()  # (in, out, dtype, rows) run by `touch_packed_linears`
+
+
 def touch_packed_linears(model: nn.Module, max_rows: int) -> None:
     """Run every :class:`PackedLinear` of ``model`` once at each row count oneDNN will see up to ``max_rows``, so that
     it builds its kernels now rather than in served steps (none on a GPU, whose models have no packed linears).
@@ -319,9 +322,6 @@ def touch_packed_linears(model: nn.Module, max_rows: int) -> None:
                 if (*shape, rows) not in _TOUCHED_SHAPES:  # oneDNN's kernels are the process's: another engine's count
                     linear(torch.zeros(rows, linear.in_features, dtype=linear.weight_dtype))
                     _TOUCHED_SHAPES.add((*shape, rows))
-
-
-_TOUCHED_SHAPES: set[tuple[int, int, torch.dtype, int]] = set()  # (in, out, dtype, rows) run by `touch_packed_linears`
 
 
 def avoid_cudnn_attention() -> None:
