@@ -2,20 +2,26 @@
 # The GPU checks, as one script for a lent GPU machine (whose python3 holds a CUDA torch; no .venv needed):
 #   1. exactness on CUDA: the gpu-marked greedy and sampling exactness tests (float32);
 #   2. the policy sweep on the GPU (off, adaptive, draft k=4, n-gram k=4), cells in order of value, while time lasts:
-#      first code T=0 at 32 clients, the one cell under target (0.92x draft k=4 on an H100, 2026-11-27); each
+#      first code T=0 at 32 clients, the one cell under target (0.92x draft k=4 on an H100, 2026-11-27; H200,
+#      2026-11-28: 0.93x, then 0.90x n-gram k=4 once decodes merged into verification's attention group); each
 #      cell's log prints adaptive's cost model as measured / predicted seconds per kind of step at its load (is
 #      drafting for all priced dearer than it runs there?) and each policy's own work as a share of its runs (a
 #      GPU's short steps make adaptive's planning dearer), and its JSON keeps the fit and guard figures per run;
-#   3. what a shape new to the process costs (bench/first_touch.py: ~50 ms per masked-attention shape with cuDNN);
-#   4. which steps stall on the GPU, and whether they ran a shape for the first time (bench/step_stalls.py);
-#   5. issue 2's roofline: decode of a random Llama-3.2-3B-shaped model in bf16, batch 1 and 16, vs transformers;
-#   6. how often bf16 batch shapes flip greedy near-ties on the GPU (bench/bf16_divergence.py);
-#   7. one more sweep cell, at 1 client (slow on a GPU).
+#   3. what one target pass costs by its mix of decodes and verification, with decodes in an attention group of
+#      their own or merged into the verifying requests' (bench/attention_groups.py; merged on GPUs since 2026-11-28);
+#   4. what a shape new to the process costs (bench/first_touch.py: ~50 ms per masked-attention shape with cuDNN);
+#   5. which steps stall on the GPU, and whether they ran a shape for the first time (bench/step_stalls.py);
+#   6. issue 2's roofline: decode of a random Llama-3.2-3B-shaped model in bf16, batch 1 and 16, vs transformers;
+#   7. how often bf16 batch shapes flip greedy near-ties on the GPU (bench/bf16_divergence.py);
+#   8. one more sweep cell, at 1 client (slow on a GPU).
 # First run (H200, 2026-11-26): exactness, roofline and bf16 flips took 32 s, 69 s and 55 s; a sweep cell of 7
 # policies x 3 runs ~110 s. H100, 2026-11-27, without cuDNN attention: exactness 42 s, first_touch 12 s,
 # step_stalls 33 s, sweep cells of 4 policies 40-48 s at 8 clients, 61 s at 32, over 110 s at 1 client.
+# H200, 2026-11-28: exactness 27-36 s, a cell of 4 policies x 6 runs at 32 clients 80 s, attention_groups 20 s.
 # Each step has its own time limit and a failed step does not stop the others. Logs and results go to
 # ${OUT:-bench/results/gpu}; results are also tarred there as results.tgz (the device tool returns few files).
+# The tracked tree is over the device tool's 64 MiB, bench/results (~45 MB) the most of it: move its files
+# aside for the run (`mv bench/results/* /tmp/results/`, back with `git checkout -- bench/results`).
 #
 #   OUT=/tmp/gpu BUDGET_S=480 bash bench/gpu_checks.sh
 set -u
@@ -53,6 +59,7 @@ sweep_cell code 0 32
 sweep_cell code 0 8
 sweep_cell code 1.0 8
 sweep_cell prose 0.7 8
+[ "$(left)" -gt 45 ] && step attention_groups 45 $PY -m bench.attention_groups --device cuda --dtype bfloat16
 [ "$(left)" -gt 60 ] && step first_touch 60 $PY -m bench.first_touch --device cuda --dtype bfloat16
 [ "$(left)" -gt 90 ] && step step_stalls 90 $PY -m bench.step_stalls --device cuda --dtype bfloat16 --workload code \
     --temperature 0 --concurrency 8 --runs 3

@@ -53,7 +53,10 @@ def record(engine, steps: list[dict]) -> None:
         SEEN.update(new)
         steps.append({"batch": timing.batch_size, "speculative": timing.speculative, "seconds": timing.step_seconds,
                       "new_shape": bool(new), "prefill": timing.num_prefilling > 0, "shapes": passes,
-                      "decide_seconds": decide_seconds.pop() if decide_seconds else 0.0})
+                      "decide_seconds": decide_seconds.pop() if decide_seconds else 0.0,
+                      "target_seconds": timing.target_seconds, "draft_seconds": timing.draft_seconds,
+                      "tokens": timing.num_tokens, "generated": timing.num_generated,
+                      "draft_tokens": timing.num_draft_tokens, "catch_up": timing.num_draft_catch_up_tokens})
         observe_step(timing)
 
     decide, decide_seconds = engine.policy.decide, []
@@ -105,6 +108,7 @@ def main() -> None:
     ap.add_argument("--factor", type=float, default=3.0, help="a stall: this many times its kind's median")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--trace", action="store_true", help="also save every step of every run (for offline analysis)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     engines = make_engines({name: POLICIES[name] for name in ("off", args.fixed, "adaptive")}, args.dtype, args.device)
@@ -112,7 +116,7 @@ def main() -> None:
     num_requests = max(32, 4 * args.concurrency)
     texts = code_prompts(num_requests, max_chars=500) if args.workload == "code" else PROSE
     prompts, params = cell_traffic(tokenizer, texts, num_requests, args.temperature, 48, 0.5)
-    rows = []
+    rows, trace = [], []
     for run in range(args.runs):
         steps: dict[str, list[dict]] = {name: [] for name in engines}
         for name, engine in engines.items():
@@ -123,13 +127,15 @@ def main() -> None:
             rows.append({"run": run, "policy": name, "tok_s": results[name].tokens_per_s,
                          "vs_off": results[name].tokens_per_s / results["off"].tokens_per_s,
                          **stalls(steps[name], args.factor)})
+        if args.trace:
+            trace.append(steps)
     columns = ["run", "policy", "tok_s", "vs_off", "steps", "speculative_steps", "stalls", "stalls_on_new_shapes",
                "new_shape_steps", "stall_time_share", "plain_step_ms", "decide_ms"]
     print(table(rows, columns))
     for row in rows:  # the slowest steps: ms, x their kind's median, a first shape?, the passes they ran
         print(row["run"], row["policy"], row["slowest"])
     name = f"step_stalls_{args.device.replace(':', '')}_{args.workload}_c{args.concurrency}"
-    print(f"saved {save(name, {'args': vars(args), 'rows': rows})}")
+    print(f"saved {save(name, {'args': vars(args), 'rows': rows, **({'trace': trace} if args.trace else {})})}")
 
 
 if __name__ == "__main__":

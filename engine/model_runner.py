@@ -29,6 +29,12 @@ class ModelRunner:
         self.cache = cache
         self.device = device
         self.vocab_size = model.args.vocab_size
+        # A pass mixing decodes with verification attends in two groups, or in one with the decodes padded to
+        # the verifying requests' k + 1 queries. On a CPU the padding's work costs more (16 requests, k = 2:
+        # 142 -> 396 us per layer); on a GPU, whose small passes wait on kernel launches, the second group does:
+        # on an H200 (bf16, bundled target, 30 requests) merged passes of mixed k = 0..4 took 6.1 ms, not 7.4
+        # (bench/attention_groups.py), and at 32 code clients adaptive went from 1.04x to 1.10x ``off``.
+        self.merge_decodes = device.type == "cuda"
 
     def execute(self, chunks: list[SeqChunk]) -> list[torch.Tensor]:
         """One forward pass; returns per chunk its logits ``[num_logits, vocab]`` (float32).
@@ -46,7 +52,8 @@ class ModelRunner:
             positions.extend(range(chunk.start, end))
             contexts.append(self.cache.indices(chunk.request_id, end))
             logit_rows.extend(range(offset + n - chunk.num_logits, offset + n))
-        meta = build_attention_metadata(contexts, [len(c.token_ids) for c in chunks], self.device)
+        meta = build_attention_metadata(contexts, [len(c.token_ids) for c in chunks], self.device,
+                                        self.merge_decodes)
         logits = self.model(
             torch.tensor(tokens, device=self.device),
             torch.tensor(positions, device=self.device),

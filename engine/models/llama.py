@@ -81,11 +81,17 @@ class AttentionMetadata:
 
 
 def build_attention_metadata(
-    context_indices: list[torch.Tensor], num_new: list[int], device: torch.device
+    context_indices: list[torch.Tensor], num_new: list[int], device: torch.device, merge_decodes: bool = False
 ) -> AttentionMetadata:
-    """context_indices[b]: flat cache indices of request b's whole context (old + new tokens)."""
+    """context_indices[b]: flat cache indices of request b's whole context (old + new tokens).
+
+    ``merge_decodes``: decoding requests attend in the short runs' group, padded to its longest run, where
+    there is one (see `ModelRunner`: on a GPU a second group costs more than the padding).
+    """
     writes = [idx[idx.numel() - n:] for idx, n in zip(context_indices, num_new)]
     classes = [(n > 1) + (n > SHORT_RUN) for n in num_new]  # 0: decode, 1: short run, 2: long run
+    if merge_decodes and 1 in classes:
+        classes = [max(c, 1) for c in classes]
     present = sorted(set(classes))
     if len(present) == 1:
         groups = [_attention_group(context_indices, num_new, None, device)]

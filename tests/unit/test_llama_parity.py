@@ -49,9 +49,12 @@ def test_bundled_target_matches_transformers():
     assert (got - expected).abs().max().item() <= 1e-4
 
 
-def test_ragged_batch_equals_requests_alone(random_llama_dir):
-    """A prefill chunk, a decode and a 4-token verification in one pass give the same logits as alone."""
+@pytest.mark.parametrize("merge_decodes", [False, True])
+def test_ragged_batch_equals_requests_alone(random_llama_dir, merge_decodes):
+    """A prefill chunk, a decode and a 4-token verification in one pass give the same logits as alone, with the
+    decode in a group of its own (CPU) or padded into the verification's (GPU)."""
     runner = make_runner(random_llama_dir, "paged")
+    runner.merge_decodes = merge_decodes
     gen = torch.Generator().manual_seed(2)
     seqs = {r: torch.randint(0, 512, (n,), generator=gen).tolist() for r, n in (("a", 30), ("b", 12), ("c", 20))}
     alone = {r: prefill_then_decode(make_runner(random_llama_dir, "paged"), r, ids, len(ids))
@@ -134,6 +137,21 @@ def test_decodes_attend_apart_from_multi_token_requests():
     assert meta.write_index.tolist() == [9, 24, 25, 26, 51]
     (only,) = build_attention_metadata(contexts, [2, 3, 4], CPU).groups
     assert only.token_index is None and only.max_new == 4 and not only.uniform
+
+
+def test_merged_decodes_attend_with_short_runs_only():
+    """On a GPU decodes join the verifying requests' group (one attention call fewer per layer), never a prefill
+    chunk's; a batch of decodes alone keeps its unmasked decode group."""
+    from engine.models.llama import SHORT_RUN, build_attention_metadata
+
+    long = SHORT_RUN + 8
+    contexts = [torch.arange(10), torch.arange(20, 20 + long), torch.arange(100, 112), torch.arange(200, 205)]
+    short, prefills = build_attention_metadata(contexts, [1, long, 5, 1], CPU, merge_decodes=True).groups
+    assert (short.batch_size, short.max_new, short.uniform) == (3, 5, False)
+    assert short.token_index.tolist() == [0, *range(1 + long, 1 + long + 6)]
+    assert (prefills.batch_size, prefills.max_new) == (1, long)
+    (decodes,) = build_attention_metadata(contexts, [1, 1, 1, 1], CPU, merge_decodes=True).groups
+    assert decodes.max_new == 1 and decodes.uniform
 
 
 def test_verification_attends_apart_from_prefill_chunks():

@@ -1,0 +1,84 @@
+"""What one target pass costs by the mix of new-token runs in it, with decodes in their own attention group or
+merged into the verifying requests' group. A diagnostic, not a benchmark.
+
+On an H200 (bf16, bundled pair, 32 code clients, T = 0; bench/step_stalls.py --trace) the adaptive policy's
+verifying passes took 13-15 ms where fixed draft k = 4's took 11.5 ms for twice the tokens and a plain pass
+9.5-10 ms: its passes mix decoding requests with verifying ones (and n-gram k's of every length), and a mixed
+pass attends in two groups. This times `ModelRunner.execute` on the bundled target for a batch of requests with
+contexts of ``--context`` tokens, per mix, both ways (``merge_decodes``), and checks the two give the same
+logits::
+
+    python -m bench.attention_groups --device cuda --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+from bench.common import make_engine, save, table
+from engine.model_runner import SeqChunk
+
+
+def mixes(batch: int, rng: random.Random) -> dict[str, list[int]]:
+    """New tokens per request: plain decode, uniform verification, and the mixes an adaptive plan makes."""
+    half = batch // 2
+    return {
+        "plain": [1] * batch,
+        "all k=4": [5] * batch,
+        "half plain, half k=4": [1] * half + [5] * (batch - half),
+        "k=0..4 mixed": [1 + i % 5 for i in range(batch)],
+        "a third plain, n-gram k=1..8": [1 if i % 3 == 0 else rng.randint(2, 9) for i in range(batch)],
+    }
+
+
+def time_pass(runner, chunks: list[SeqChunk], merge: bool, repeats: int, device: torch.device) -> tuple[float, list]:
+    """(median milliseconds of the pass, its logits)."""
+    runner.merge_decodes = merge
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times, logits = [], None
+    for _ in range(repeats + 2):  # two untimed: first touches
+        synchronize()
+        start = time.perf_counter()
+        logits = runner.execute(chunks)
+        synchronize()
+        times.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(times[2:]), logits
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--batch", type=int, default=30)
+    ap.add_argument("--context", type=int, default=300, help="tokens each request has in the cache before the pass")
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    engine = make_engine(args.dtype, args.device, max_seq_len=1024, max_running=64)
+    runner, device = engine.runner, torch.device(args.device)
+    rng = random.Random(0)
+    ids = [f"r{i}" for i in range(args.batch)]
+    for request_id in ids:
+        runner.cache.allocate(request_id)
+        runner.cache.reserve(request_id, args.context + 16)
+    rows = []
+    with torch.inference_mode():
+        for name, num_new in mixes(args.batch, rng).items():
+            chunks = [SeqChunk(request_id, [rng.randrange(1000) for _ in range(n)], args.context, n)
+                      for request_id, n in zip(ids, num_new, strict=True)]
+            apart, apart_logits = time_pass(runner, chunks, False, args.repeats, device)
+            merged, merged_logits = time_pass(runner, chunks, True, args.repeats, device)
+            diff = max(float((a - b).abs().max()) for a, b in zip(apart_logits, merged_logits, strict=True))
+            rows.append({"mix": name, "tokens": sum(num_new), "groups_apart_ms": apart, "merged_ms": merged,
+                         "merged_vs_apart": merged / apart, "max_logit_diff": diff})
+    print(table(rows, list(rows[0])))
+    print(f"saved {save(f'attention_groups_{args.device}_{args.dtype}', {'args': vars(args), 'rows': rows})}")
+
+
+if __name__ == "__main__":
+    main()
