@@ -430,3 +430,49 @@ def test_a_draft_measurement_under_way_uses_the_draft_model_where_the_plan_would
         assert "draft" in {d.proposer for d in policy.decide(batch) if d.k}
         policy.observe_step(speculative)
     assert not policy.guard.measuring_draft(8, 0.0)  # the first figure is complete (a win: it holds)
+
+
+def planned_batch(policy: AdaptivePolicy, views: tuple[RequestView, ...], decide_share: float) -> list[Decision]:
+    """One step: decide, then report a step whose decide took ``decide_share`` of it."""
+    decisions = policy.decide(BatchView(views))
+    policy.observe_step(StepTiming(len(views), len(views) + sum(d.k for d in decisions), 0.008,
+                                   step_seconds=0.01, decide_seconds=decide_share * 0.01))
+    return decisions
+
+
+def test_where_plans_take_more_than_their_budget_other_steps_repeat_the_last_plan() -> None:
+    policy = AdaptivePolicy(quiet(planning_budget=0.03, goodput_guard=False))
+    views = tuple(view(f"r{i}", match=4) for i in range(8))
+    for i in range(8):
+        teach(policy, f"r{i}", accepted=4)
+    first = planned_batch(policy, views, decide_share=0.12)
+    assert any(d.k for d in first)
+    for _ in range(200):
+        assert planned_batch(policy, views, decide_share=0.12) == first  # planned or repeated, the same choices
+    summary = policy.planning_summary()
+    assert abs(summary["plan_share_of_step"] - 0.12) < 1e-9
+    assert 0.15 < summary["planned_steps"] / 201 < 0.4  # 0.03 / 0.12 of the steps plan
+    newcomer = planned_batch(policy, (*views, view("new", match=4)), decide_share=0.12)
+    assert newcomer[:8] == first  # a repeated step decodes a request the last plan did not see plainly
+    assert newcomer[8].k == 0 or policy.planning_summary()["planned_steps"] > summary["planned_steps"]
+
+
+def test_plans_within_budget_or_without_one_are_made_every_step() -> None:
+    for budget in (0.03, None):
+        settings = quiet(planning_budget=budget, goodput_guard=False)
+        policy = AdaptivePolicy(settings)
+        views = tuple(view(f"r{i}", match=4) for i in range(8))
+        share = 0.02 if budget else 0.5
+        for _ in range(50):
+            planned_batch(policy, views, decide_share=share)
+        assert policy.planning_summary()["repeated_steps"] == 0
+
+
+def test_a_new_regime_or_allowed_set_is_planned_at_once() -> None:
+    policy = AdaptivePolicy(quiet(planning_budget=0.01, goodput_guard=False))
+    small = tuple(view(f"r{i}", match=4) for i in range(4))
+    large = tuple(view(f"r{i}", match=4) for i in range(30))
+    planned_batch(policy, small, decide_share=0.5)
+    planned = policy.planning_summary()["planned_steps"]
+    planned_batch(policy, large, decide_share=0.5)  # another batch-size bucket
+    assert policy.planning_summary()["planned_steps"] == planned + 1
