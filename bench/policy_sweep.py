@@ -77,8 +77,6 @@ POLICIES = {
     "draft k=4": {"mode": "draft", "k": 4},
     "draft k=6": {"mode": "draft", "k": 6},
     "ngram k=4": {"mode": "ngram", "k": 4},
-    # adaptive without its planning budget: an A/B of the budget on GPUs, where plans take a visible share of a step
-    "adaptive (every step planned)": {"mode": "auto", "planning_budget": None},
 }
 TWIN, TWIN_OF = "draft k=2 (twin)", "draft k=2"
 OFF_TWIN = "off (twin)"  # a copy of ``off``: the noise control of the ">= 1.0x off" target
@@ -158,8 +156,7 @@ def main() -> None:
                                                         / results[name].seconds, 5))
                     stats = afters["adaptive"]
                     guard_after_runs.append(guard_at_load(stats, n))
-                    model_after_runs.append({"cost_model": stats["cost_model"], "acceptance": stats["acceptance"],
-                                             "planning": stats["planning"]})
+                    model_after_runs.append({"cost_model": stats["cost_model"], "acceptance": stats["acceptance"]})
                     rotate_policies(engines)
                 warmups = {name: rs[: args.warmup] for name, rs in runs.items()}
                 runs = {name: rs[args.warmup:] for name, rs in runs.items()}
@@ -190,9 +187,6 @@ def main() -> None:
                 print("  policy work, share of each run (median): " + ", ".join(
                     f"{name} {statistics.median(shares[args.warmup:]):.2%}" for name, shares in policy_share.items()),
                     flush=True)
-                planning = stats["planning"]  # since the adaptive policy's start: it plans, or repeats its last plan
-                print(f"  adaptive's plans: {planning['planned_steps']} steps planned, {planning['repeated_steps']} "
-                      f"repeated one; a plan takes {planning['plan_share_of_step'] or 0.0:.1%} of its step", flush=True)
     print(table(rows, ["workload", "temperature", "concurrency", "policy", "tok_s", "tpot_ms", "vs_off", "acceptance"]))
     twin_columns = ["twin_vs_best_fixed", "twin_vs_original", "off_twin_vs_off"] if args.twin else []
     print(table(summary, ["workload", "temperature", "concurrency", "best_fixed", "adaptive_vs_best_fixed",
@@ -313,8 +307,8 @@ def summarize_cell(cell: dict, runs: dict[str, list[RunResult]]) -> dict:
     vs ``off``, alike."""
     median = statistics.median
     rates = {name: [r.tokens_per_s for r in rs] for name, rs in runs.items()}
-    fixed = [name for name in rates if not name.startswith("adaptive") and name not in ("off", TWIN, OFF_TWIN)]
-    best_fixed = max(fixed, key=lambda name: median(rates[name]))
+    best_fixed = max((name for name in rates if name not in ("off", "adaptive", TWIN, OFF_TWIN)),
+                     key=lambda name: median(rates[name]))
 
     def paired(name: str, other: str) -> float:
         return median([a / b for a, b in zip(rates[name], rates[other], strict=True)])

@@ -103,7 +103,6 @@ class LLMEngine:
         self.stats = SpecDecodeStats()
         self.requests: dict[str, Request] = {}
         self._seeds = random.Random(config.seed)
-        self._decide_seconds = 0.0  # the policy's decide of the step under way
 
     def warm_up(self) -> None:
         """Take each kind of step once (plain decode, draft-model and n-gram speculation, greedy and sampled
@@ -226,7 +225,7 @@ class LLMEngine:
                 draft_seconds=draft_seconds, num_draft_requests=num_draft_requests,
                 num_draft_catch_up_tokens=num_catch_up,
                 num_draft_passes=max((len(p.draft_tokens) for p in plans if p.proposer == "draft"), default=0),
-                step_seconds=step_seconds, num_generated=num_generated, decide_seconds=self._decide_seconds,
+                step_seconds=step_seconds, num_generated=num_generated,
                 num_prefill_tokens=sum(c.num_tokens for c in sched.prefills), num_prefilling=len(sched.prefills)))
         self.stats.observe_step(len(chunks), num_tokens, step_seconds, num_generated)
         return self._collect(list(self.requests.values()))
@@ -248,10 +247,8 @@ class LLMEngine:
                 max_k=max(0, cap), ngram_match_len=ngram.match_len(r),
                 override_mode=override.mode if override else "auto", draft_available=draft is not None,
                 draft_lag=draft.lag(r) if draft is not None else 0, num_remaining_tokens=r.remaining_tokens))
-        start = time.perf_counter()
         decisions = self.policy.decide(BatchView(tuple(views), num_waiting=self.scheduler.num_waiting,
                                                  num_prefilling=num_prefilling))
-        self._decide_seconds = time.perf_counter() - start
         plans = []
         cache = self.runner.cache
         for r, view, decision in zip(decodes, views, decisions):

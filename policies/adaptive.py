@@ -8,7 +8,7 @@ k = 0; when the batch shrinks they pay again and speculation resumes, since alph
 A request's first draft (and its first after plain steps) makes the draft model catch up on what it has
 not seen; the plan charges that to the request, spread over the tokens it has left (``_catch_up_share``).
 
-Six corrections on top of the pure optimum:
+Five corrections on top of the pure optimum:
 - hysteresis: a request's previous (proposer, k) gets a bonus of ``hysteresis`` in the objective, so k
   does not flip every step on estimation noise;
 - exploration: a request at k = 0 learns nothing about its alpha; with probability
@@ -47,10 +47,7 @@ Six corrections on top of the pure optimum:
   Measurements under way are not declined (a rejection's confirming probe, a first figure once begun, a near
   miss short of its sure verdict): see `GoodputGuard.decline_measurement`. Nor are they left to starve where
   the plan speculates with n-gram lookups alone (steps the guard books to the n-gram route): such a step takes
-  the best plan in which the draft model proposes (`_draft_measurement`);
-- a planning budget: where a plan takes more than ``planning_budget`` of its step (short GPU steps, large
-  batches), only a sample of steps plans and the others repeat each request's last planned choice
-  (`_repeats_plan`).
+  the best plan in which the draft model proposes (`_draft_measurement`).
 """
 
 from __future__ import annotations
@@ -59,7 +56,7 @@ import random
 from dataclasses import replace
 
 from policies.acceptance import temperature_bucket
-from policies.base import BatchView, Decision, ProposerName, RequestView, StepTiming
+from policies.base import BatchView, Decision, ProposerName, RequestView
 from policies.cost_model import CostCoefficients
 from policies.fixed import PLAIN, fixed_decision
 from policies.goodput import BatchPlan, Candidate, plan_batch, with_probe
@@ -68,7 +65,6 @@ from policies.guard_figures import batch_bucket, measures_step
 from policies.learning import LearnedState, LearningPolicy
 from policies.settings import PolicySettings
 
-PLAN_SHARE_WEIGHT = 0.05  # weight of the newest planned step in the planning share's average
 PLAIN_STREAK = 16  # plain steps in a row at a batch-size and temperature bucket before plans are sampled
 REPLAN_RATE = 0.125  # then, the chance per step that the plan is made (and may resume speculation)
 NEAR_TIE = 0.9  # speculation the model predicts at this share of plain decode's goodput or more is measured
@@ -85,14 +81,9 @@ class AdaptivePolicy(LearningPolicy):
         self._previous: dict[str, tuple[ProposerName, int]] = {}
         self._plain_streak: dict[tuple[int, int], int] = {}  # (batch bucket, T bucket) -> plain steps in a row
         self.last_plan: BatchPlan | None = None  # for stats and tests: the last plan, probes included
-        self._planned = False  # whether this step's decide made a plan (observe_step then measures what it cost)
-        self._plan_share: float | None = None  # an average of planned steps' decide seconds over their step's
-        self._last_planned: tuple[tuple[int, int], frozenset[str]] | None = None  # its regime and allowed proposers
-        self._num_planned = self._num_repeated = 0
 
     def decide(self, batch: BatchView) -> list[Decision]:
         requests = batch.requests
-        self._planned = False
         if not requests:
             return []
         if self.over_load_limit(batch.load):
@@ -116,12 +107,6 @@ class AdaptivePolicy(LearningPolicy):
             self.last_plan = None
             self._plain_streak[regime] = streak + 1
             return self._with_named_proposers(requests, [PLAIN] * len(requests))
-        if self._repeats_plan(regime, allowed, batch.load):
-            self.last_plan = None
-            self._num_repeated += 1
-            return self._with_named_proposers(requests, [self._repeated(view, allowed) for view in requests])
-        self._planned, self._last_planned = True, (regime, allowed)
-        self._num_planned += 1
         candidates = [self._candidate(view, allowed) for view in requests]
         coeffs = self.cost_model.coefficients()
         plan = plan_batch(candidates, coeffs, batch.num_prefill_tokens, self.settings.hysteresis)
@@ -136,18 +121,6 @@ class AdaptivePolicy(LearningPolicy):
         plan = self.last_plan = self._explore(plan, candidates, coeffs, requests)
         return self._with_named_proposers(requests, [Decision(k, proposer) if k > 0 else PLAIN
                                                      for k, proposer in zip(plan.ks, plan.proposers, strict=True)])
-
-    def observe_step(self, timing: StepTiming) -> None:
-        super().observe_step(timing)
-        if self._planned and timing.decide_seconds > 0.0 and timing.step_seconds > 0.0:
-            share = timing.decide_seconds / timing.step_seconds
-            last = self._plan_share
-            self._plan_share = share if last is None else last + PLAN_SHARE_WEIGHT * (share - last)
-
-    def planning_summary(self) -> dict[str, float | int | None]:
-        """How often the policy planned and repeated plans, and what a plan takes of its step (see `_repeats_plan`)."""
-        return {"planned_steps": self._num_planned, "repeated_steps": self._num_repeated,
-                "plan_share_of_step": self._plan_share}
 
     def reconfigure(self, settings: PolicySettings) -> None:
         if settings.seed != self.settings.seed:
@@ -202,44 +175,13 @@ class AdaptivePolicy(LearningPolicy):
                 decisions[i] = fixed_decision(requests[i], requests[i].override_mode, self.settings)
         return decisions
 
-    def _repeats_plan(self, regime: tuple[int, int], allowed: frozenset[str], load: int) -> bool:
-        """Whether this step repeats the last plan instead of planning: where a plan takes more than
-        ``planning_budget`` of its step, steps plan at the rate that keeps planning within it, and the others repeat
-        each request's last planned choice, while the batch-size and temperature buckets and the proposers the
-        guard allows stay those of the last plan and no probe burst is under way.
-
-        The plan's own time is part of the step it plans: on an H200 at 32 code clients (bundled pair, bf16, ~8 ms
-        steps) it took 5.6% of adaptive's runs, against 1.1% for fixed n-gram k = 4's whole policy work. With
-        hysteresis most plans repeat the last one anyway. On a CPU, whose steps are long, plans take ~1% of them
-        at 32 requests and every step plans."""
-        budget, share = self.settings.planning_budget, self._plan_share
-        if budget is None or share is None or share <= budget or (regime, allowed) != self._last_planned:
-            return False
-        return not self.guard.probing(load, self.batch_temperature) and self._rng.random() >= budget / share
-
-    def _repeated(self, view: RequestView, allowed: frozenset[str]) -> Decision:
-        """The request's last planned choice where it may still make it (a request new since then decodes plainly)."""
-        previous = self._previous.get(view.request_id)
-        if previous is None:
-            return PLAIN
-        proposer, k = previous
-        draft_ok, ngram_ok, cap = self._options(view, allowed)
-        k = min(k, cap)
-        if k <= 0 or not (draft_ok if proposer == "draft" else ngram_ok):
-            return PLAIN
-        return Decision(k, proposer)
-
-    def _options(self, view: RequestView, allowed: frozenset[str]) -> tuple[bool, bool, int]:
-        """(whether the draft model may propose for the request this step, whether n-gram lookups may, its k cap)."""
+    def _candidate(self, view: RequestView, allowed: frozenset[str]) -> Candidate:
+        """The request's options: which proposers it may use this step, their alphas, and the k cap."""
+        cap = max(0, min(view.max_k, self.settings.k_max))
         mode = view.override_mode
         draft_ok = view.draft_available and mode in ("auto", "draft") and "draft" in allowed
         min_match = 1 if mode == "ngram" else self.settings.ngram_min_match
         ngram_ok = mode in ("auto", "ngram") and view.ngram_match_len >= min_match and "ngram" in allowed
-        return draft_ok, ngram_ok, max(0, min(view.max_k, self.settings.k_max))
-
-    def _candidate(self, view: RequestView, allowed: frozenset[str]) -> Candidate:
-        """The request's options: which proposers it may use this step, their alphas, and the k cap."""
-        draft_ok, ngram_ok, cap = self._options(view, allowed)
         if not (draft_ok or ngram_ok) or cap == 0:
             return NO_OPTIONS  # plain whatever it chose before: no hysteresis to weigh, and the planner sets it aside
         alpha_draft = self.acceptance.alpha(view.request_id, "draft", view.temperature) if draft_ok else 0.0

@@ -77,7 +77,6 @@ class StepTiming:
     num_generated: int = 0  # tokens the step emitted (accepted drafts + one per request, and prefills' first)
     num_prefill_tokens: int = 0  # tokens of prefill chunks that shared the pass (the cost model fits none)
     num_prefilling: int = 0  # requests whose prompt chunks shared the pass
-    decide_seconds: float = 0.0  # the policy's own `decide` of this step, part of step_seconds; 0 = unknown
 
     @property
     def speculative(self) -> bool:

@@ -148,8 +148,6 @@ class PolicyController:
                 # seconds the policy took of the engine's steps: choosing k (``decide``) and learning from rounds and
                 # step times; on a GPU, whose steps are short, the adaptive policy's planning is a visible share
                 "policy_seconds": dict(self._seconds),
-                # the adaptive policy's plans: how many, how many steps repeated one, what one takes of its step
-                "planning": summary() if (summary := getattr(self._policy, "planning_summary", None)) else None,
                 "acceptance": self._learned.acceptance.summary(),
                 "chosen_k": {
                     "histogram": self._k_counts[: top + 1],

@@ -48,10 +48,6 @@ class PolicySettings:
     draft_cost_per_token: float | None = None  # seconds per draft pass; overrides the whole draft fit, >= 0
     verify_cost_coefficients: tuple[float, float, float] | None = None  # (a, b, c) s; overrides the target fit
     seed: int = 0  # seeds the exploration draws
-    # share of a step's time the adaptive policy's plan may take, (0, 1]: where planning takes more (short GPU steps,
-    # large batches), steps between sampled plans repeat each request's last planned choice; null = plan every step.
-    # CPU steps are long: plans took ~1.5% of them at 8-32 requests on the bundled pair, ~8% on an H200 at 32
-    planning_budget: float | None = 0.03
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -79,9 +75,6 @@ class PolicySettings:
             a, b, c = self.verify_cost_coefficients
             _check(a > 0.0 and b >= 0.0 and c >= 0.0, "verify_cost_coefficients", "need a > 0, b >= 0, c >= 0")
         _check(self.seed >= 0, "seed", f"must be >= 0; got {self.seed}")
-        if self.planning_budget is not None:
-            _check(0.0 < self.planning_budget <= 1.0, "planning_budget",
-                   f"must be in (0, 1] or null; got {self.planning_budget}")
 
     @classmethod
     def from_dict(cls, changes: Mapping[str, Any], base: PolicySettings | None = None) -> PolicySettings:
@@ -113,7 +106,7 @@ _FLOAT_FIELDS = {
     "exploration_rate", "exploration_max_loss", "hysteresis", "guard_probe_rate", "draft_stop_confidence",
 }  # fmt: skip
 _OPTIONAL_INT_FIELDS = {"max_batch_for_speculation"}
-_OPTIONAL_FLOAT_FIELDS = {"draft_cost_per_token", "planning_budget"}
+_OPTIONAL_FLOAT_FIELDS = {"draft_cost_per_token"}
 
 
 def _normalise(settings: PolicySettings, name: str) -> None:
