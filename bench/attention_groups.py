@@ -6,7 +6,9 @@ verifying passes took 13-15 ms where fixed draft k = 4's took 11.5 ms for twice 
 9.5-10 ms: its passes mix decoding requests with verifying ones (and n-gram k's of every length), and a mixed
 pass attends in two groups. This times `ModelRunner.execute` on the bundled target for a batch of requests with
 contexts of ``--context`` tokens, per mix, both ways (``merge_decodes``), and checks the two give the same
-logits::
+logits. On an H200 (2026-11-28) merged passes took 0.82x the time at k = 0..4 mixed and with n-gram k's of
+every length beside decodes, 0.95x at half plain, half k = 4, and the same where every request feeds as many
+tokens (bf16 logits within 0.0625 of each other)::
 
     python -m bench.attention_groups --device cuda --dtype bfloat16
 """
