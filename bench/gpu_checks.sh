@@ -10,7 +10,8 @@
 #   3. what one target pass costs by its mix of decodes and verification, with decodes in an attention group of
 #      their own or merged into the verifying requests' (bench/attention_groups.py; merged on GPUs since 2026-11-28);
 #   4. what a shape new to the process costs (bench/first_touch.py: ~50 ms per masked-attention shape with cuDNN);
-#   5. which steps stall on the GPU, and whether they ran a shape for the first time (bench/step_stalls.py);
+#   5. which steps stall on the GPU, and whether they ran a shape for the first time (bench/step_stalls.py), at 32
+#      clients with every step traced: what adaptive's mixed steps cost against a fixed policy's uniform ones;
 #   6. issue 2's roofline: decode of a random Llama-3.2-3B-shaped model in bf16, batch 1 and 16, vs transformers;
 #   7. how often bf16 batch shapes flip greedy near-ties on the GPU (bench/bf16_divergence.py);
 #   8. one more sweep cell, at 1 client (slow on a GPU).
@@ -62,10 +63,10 @@ sweep_cell prose 0.7 8
 [ "$(left)" -gt 45 ] && step attention_groups 45 $PY -m bench.attention_groups --device cuda --dtype bfloat16
 [ "$(left)" -gt 60 ] && step first_touch 60 $PY -m bench.first_touch --device cuda --dtype bfloat16
 [ "$(left)" -gt 90 ] && step step_stalls 90 $PY -m bench.step_stalls --device cuda --dtype bfloat16 --workload code \
-    --temperature 0 --concurrency 8 --runs 3
+    --temperature 0 --concurrency 32 --runs 2 --trace  # every step's times, tokens and passes, for offline analysis
 [ "$(left)" -gt 150 ] && step roofline 150 $PY -m bench.decode --device cuda --dtype bfloat16 --shape llama-3.2-3b \
     --concurrency 1,16 --new-tokens 128
 [ "$(left)" -gt 90 ] && step bf16_divergence 90 $PY -m bench.bf16_divergence --device cuda
 sweep_cell code 0.7 1  # over 110 s on an H100: last
-tar czf "$OUT/results.tgz" bench/results/*cuda* 2>/dev/null  # first_touch, step_stalls, sweeps
+tar czf "$OUT/results.tgz" bench/results/*cuda* 2>/dev/null  # first_touch, step_stalls, attention groups, sweeps
 echo "done after $((SECONDS - start))s"
