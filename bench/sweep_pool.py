@@ -21,6 +21,7 @@ Sweeps must share their traffic settings and host (checked); pool only sweeps of
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import statistics
@@ -63,8 +64,9 @@ def load_rounds(paths: list[Path]) -> dict[Cell, list[Round]]:
 
 def _sweep(path: Path) -> dict:
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        # older sweeps are kept gzipped (the repository's tree must fit the GPU machine's transfer)
+        doc = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+    except (OSError, EOFError, json.JSONDecodeError) as error:
         raise SystemExit(f"{path}: not readable as JSON ({error})") from None
     if not isinstance(doc, dict) or not {"args", "environment", "rows"} <= doc.keys():
         raise SystemExit(f"{path}: not a policy_sweep result (needs its args, environment and rows)")

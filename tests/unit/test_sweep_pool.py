@@ -62,3 +62,16 @@ def test_other_traffic_hosts_files_or_cells_without_a_fixed_policy_are_refused_c
     other.write_text(json.dumps({"rows": []}))
     with pytest.raises(SystemExit, match="not a policy_sweep result"):
         load_rounds([other])
+
+
+def test_a_gzipped_sweep_pools_like_its_json(tmp_path: Path) -> None:
+    import gzip
+
+    plain = sweep(tmp_path, "a", {"adaptive": [110, 100], "off": [100, 100], "ngram k=4": [120, 90]})
+    zipped = tmp_path / "a.json.gz"
+    zipped.write_bytes(gzip.compress(plain.read_bytes()))
+    assert load_rounds([zipped]) == load_rounds([plain])
+    broken = tmp_path / "b.json.gz"
+    broken.write_bytes(b"not gzip")
+    with pytest.raises(SystemExit, match="not readable as JSON"):
+        load_rounds([broken])
