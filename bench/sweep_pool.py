@@ -102,7 +102,8 @@ def summarize(cell: Cell, rounds: list[Round], confidence: float) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("sweeps", nargs="+", type=Path, help="policy_sweep JSONs (bench/results/*.json)")
+    ap.add_argument("sweeps", nargs="+", type=Path,
+                    help="policy_sweep JSONs, plain or gzipped (bench/results/*.json, *.json.gz)")
     ap.add_argument("--confidence", type=float, default=0.95)
     ap.add_argument("--output", default="sweep_pool", help="name of the JSON and PNG in bench/results/")
     args = ap.parse_args()
