@@ -3,6 +3,7 @@ or hosts are refused."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -65,8 +66,6 @@ def test_other_traffic_hosts_files_or_cells_without_a_fixed_policy_are_refused_c
 
 
 def test_a_gzipped_sweep_pools_like_its_json(tmp_path: Path) -> None:
-    import gzip
-
     plain = sweep(tmp_path, "a", {"adaptive": [110, 100], "off": [100, 100], "ngram k=4": [120, 90]})
     zipped = tmp_path / "a.json.gz"
     zipped.write_bytes(gzip.compress(plain.read_bytes()))
