@@ -22,7 +22,8 @@
 # Each step has its own time limit and a failed step does not stop the others. Logs and results go to
 # ${OUT:-bench/results/gpu}; results are also tarred there as results.tgz (the device tool returns few files).
 # The device tool takes at most 64 MiB of tracked tree: result JSONs over 100 KB from before 2026-11-28 are kept
-# gzipped (the tree is ~50 MB; bench.sweep_pool reads .json.gz). Should it grow past the limit, gzip more of bench/results.
+# gzipped (the tree is ~50 MB; bench.sweep_pool reads .json.gz). Should it grow past the limit, gzip more of
+# bench/results.
 #
 #   OUT=/tmp/gpu BUDGET_S=480 bash bench/gpu_checks.sh
 set -u
