@@ -78,6 +78,10 @@ POLICIES = {
     "draft k=6": {"mode": "draft", "k": 6},
     "ngram k=4": {"mode": "ngram", "k": 4},
 }
+# adaptive policies with other settings, for A/B runs (``--policies``); not run by default, judged like ``adaptive``
+VARIANTS = {
+    "adaptive (ngram_min_match=3)": {"mode": "auto", "ngram_min_match": 3},
+}
 TWIN, TWIN_OF = "draft k=2 (twin)", "draft k=2"
 OFF_TWIN = "off (twin)"  # a copy of ``off``: the noise control of the ">= 1.0x off" target
 
@@ -113,10 +117,11 @@ def main() -> None:
                  if name in args.workloads.split(",")}
     if not workloads:
         raise SystemExit("--workloads: name code and/or prose")
-    unknown = set(args.policies.split(",")) - set(POLICIES)
+    known = POLICIES | VARIANTS
+    unknown = set(args.policies.split(",")) - set(known)
     if unknown:
-        raise SystemExit(f"--policies: unknown {', '.join(sorted(unknown))} (known: {', '.join(POLICIES)})")
-    policies = {name: POLICIES[name] for name in POLICIES
+        raise SystemExit(f"--policies: unknown {', '.join(sorted(unknown))} (known: {', '.join(known)})")
+    policies = {name: known[name] for name in known
                 if name in ("adaptive", "off") or name in args.policies.split(",")}
     if len(policies) < 3:
         raise SystemExit("--policies: name at least one fixed policy to compare the adaptive one with")
@@ -181,7 +186,10 @@ def main() -> None:
                       f"adaptive {results['adaptive'].tokens_per_s:.0f} = {verdict['adaptive_vs_best_fixed']:.2f}x "
                       f"best fixed, {verdict['adaptive_vs_off']:.3f}x off (paired)"
                       + (f"; twins: {TWIN} {verdict['twin_vs_best_fixed']:.2f}x best fixed, "
-                         f"{OFF_TWIN} {verdict['off_twin_vs_off']:.3f}x off" if args.twin else ""), flush=True)
+                         f"{OFF_TWIN} {verdict['off_twin_vs_off']:.3f}x off" if args.twin else "")
+                      + "".join(f"; {variant} {verdict[f'{variant}_vs_best_fixed']:.2f}x best fixed, "
+                                f"{verdict[f'{variant}_vs_adaptive']:.3f}x adaptive"
+                                for variant in VARIANTS if variant in runs), flush=True)
                 print(f"  adaptive's cost model, measured / predicted seconds near {n} requests: "
                       + audit_at_load(stats["cost_model"]["prediction_audit"], n), flush=True)
                 print("  policy work, share of each run (median): " + ", ".join(
@@ -307,8 +315,8 @@ def summarize_cell(cell: dict, runs: dict[str, list[RunResult]]) -> dict:
     vs ``off``, alike."""
     median = statistics.median
     rates = {name: [r.tokens_per_s for r in rs] for name, rs in runs.items()}
-    best_fixed = max((name for name in rates if name not in ("off", "adaptive", TWIN, OFF_TWIN)),
-                     key=lambda name: median(rates[name]))
+    fixed = [name for name in rates if name not in ("off", TWIN, OFF_TWIN) and not name.startswith("adaptive")]
+    best_fixed = max(fixed, key=lambda name: median(rates[name]))
 
     def paired(name: str, other: str) -> float:
         return median([a / b for a, b in zip(rates[name], rates[other], strict=True)])
@@ -320,6 +328,9 @@ def summarize_cell(cell: dict, runs: dict[str, list[RunResult]]) -> dict:
         summary |= {"twin_vs_best_fixed": paired(TWIN, best_fixed), "twin_vs_original": paired(TWIN, TWIN_OF)}
     if OFF_TWIN in rates:
         summary["off_twin_vs_off"] = paired(OFF_TWIN, "off")
+    for variant in VARIANTS.keys() & rates.keys():
+        summary[f"{variant}_vs_best_fixed"] = paired(variant, best_fixed)
+        summary[f"{variant}_vs_adaptive"] = paired(variant, "adaptive")
     return summary
 
 

@@ -43,6 +43,7 @@ class Planned:
     k: int
     proposer: str
     draft: Draft | None = None
+    ngram_match_len: int = 0  # of the n-gram match its proposal would come from (the policy's view of it)
 
     @property
     def draft_tokens(self) -> list[int]:
@@ -259,7 +260,7 @@ class LLMEngine:
                 k -= 1
             if k > 0:  # take the room now, so the next requests of this batch see it as used
                 cache.reserve(r.request_id, r.num_tokens + k)
-            plans.append(Planned(r, k, decision.proposer))
+            plans.append(Planned(r, k, decision.proposer, ngram_match_len=view.ngram_match_len))
         return plans
 
     def _needs_fixed_plan(self, request: Request) -> bool:
@@ -369,7 +370,8 @@ class LLMEngine:
         request.spec.add(plan.proposer, drafted, result.num_accepted)
         self.stats.observe(plan.proposer, drafted, result.num_accepted)
         self.policy.observe(RoundOutcome(request.request_id, plan.proposer,  # type: ignore[arg-type]
-                                         request.params.temperature, drafted, result.num_accepted))
+                                         request.params.temperature, drafted, result.num_accepted,
+                                         plan.ngram_match_len if plan.proposer == "ngram" else 0))
 
     # ------------------------------------------------------------------ commit and outputs
 

@@ -185,7 +185,8 @@ class AdaptivePolicy(LearningPolicy):
         if not (draft_ok or ngram_ok) or cap == 0:
             return NO_OPTIONS  # plain whatever it chose before: no hysteresis to weigh, and the planner sets it aside
         alpha_draft = self.acceptance.alpha(view.request_id, "draft", view.temperature) if draft_ok else 0.0
-        alpha_ngram = self.acceptance.alpha(view.request_id, "ngram", view.temperature) if ngram_ok else 0.0
+        alpha_ngram = (self.acceptance.alpha(view.request_id, "ngram", view.temperature, view.ngram_match_len)
+                       if ngram_ok else 0.0)
         return Candidate(
             alpha_draft=alpha_draft,
             max_k_draft=cap if draft_ok else 0,
@@ -232,9 +233,9 @@ class AdaptivePolicy(LearningPolicy):
                 if cap > 0
             }
             if not unlearned_probe:
-                temperature = requests[index].temperature
+                view = requests[index]
                 unlearned = [option for proposer, option in options.items()
-                             if not self.acceptance.is_learned(proposer, temperature)]
+                             if not self.acceptance.is_learned(proposer, view.temperature, view.ngram_match_len)]
                 if unlearned:
                     plan, unlearned_probe = max(unlearned, key=lambda option: option.goodput), True
                     continue

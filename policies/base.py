@@ -59,6 +59,7 @@ class RoundOutcome:
     temperature: float
     num_drafted: int
     num_accepted: int
+    ngram_match_len: int = 0  # an n-gram round's match length (its acceptance is learned per length class); 0 = unknown
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,8 @@ def simulate(
                 num_spec += 1
                 alpha = request.alpha_draft if decision.proposer == "draft" else request.alpha_ngram
                 accepted = _accepted(draw_rng, alpha, k)
-                policy.observe(RoundOutcome(request.request_id, decision.proposer, request.temperature, k, accepted))
+                policy.observe(RoundOutcome(request.request_id, decision.proposer, request.temperature, k, accepted,
+                                            view.ngram_match_len if decision.proposer == "ngram" else 0))
                 if decision.proposer == "draft":
                     draft_passes, draft_users, draft_tokens = max(draft_passes, k), draft_users + 1, draft_tokens + k
                     catch_up, request.draft_lag = catch_up + request.draft_lag, 0

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from policies import AcceptanceEstimator, PolicySettings, RoundOutcome, temperature_bucket
+from policies.acceptance import LONG_MATCH, SHORT_MATCH_PRIOR_FACTOR
 
 
 def geometric_rounds(rng: random.Random, alpha: float, k: int, n: int, request_id: str = "r", temperature=0.0):
@@ -75,6 +76,22 @@ def test_proposers_are_separate_and_forget_drops_the_request() -> None:
     assert estimator.alpha("r", "ngram", 0.0) < 0.3
     assert estimator.alpha("r", "draft", 0.0) == pytest.approx(estimator.prior("draft", 0.0))
     assert estimator.num_tracked_requests == 1
+    estimator.forget("r")
+    assert estimator.num_tracked_requests == 0
+
+
+def test_short_ngram_matches_are_estimated_apart() -> None:
+    estimator = AcceptanceEstimator(PolicySettings(warmup_rounds=0, ewma_weight=0.1))
+    long_prior = estimator.alpha("new", "ngram", 0.0)
+    assert estimator.alpha("new", "ngram", 0.0, match_len=2) == pytest.approx(SHORT_MATCH_PRIOR_FACTOR * long_prior)
+    for _ in range(30):
+        estimator.observe(RoundOutcome("r", "ngram", 0.0, 4, 0, ngram_match_len=2))
+        estimator.observe(RoundOutcome("r", "ngram", 0.0, 4, 4, ngram_match_len=LONG_MATCH))
+    assert estimator.alpha("r", "ngram", 0.0, match_len=LONG_MATCH - 1) < 0.2
+    assert estimator.alpha("r", "ngram", 0.0, match_len=LONG_MATCH) > 0.8
+    assert estimator.alpha("r", "ngram", 0.0) > 0.8  # an unknown match length reads the long matches' estimate
+    summary = estimator.summary()
+    assert summary["ngram_short"]["num_accepted"] == 0 and summary["ngram"]["num_accepted"] == 120
     estimator.forget("r")
     assert estimator.num_tracked_requests == 0
 

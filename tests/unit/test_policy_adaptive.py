@@ -26,8 +26,9 @@ def view(request_id: str = "r", temperature: float = 0.0, max_k: int = 8, match:
 def teach(policy: AdaptivePolicy, request_id: str, accepted: int, drafted: int = 4, rounds: int = 20, **kw) -> None:
     proposer = kw.pop("proposer", "draft")
     temperature = kw.pop("temperature", 0.0)
+    match = kw.pop("match", 0)
     for _ in range(rounds):
-        policy.observe(RoundOutcome(request_id, proposer, temperature, drafted, accepted))
+        policy.observe(RoundOutcome(request_id, proposer, temperature, drafted, accepted, match))
 
 
 def compute_bound_cost_model() -> CostModel:
@@ -179,7 +180,7 @@ def test_high_temperature_lowers_k_at_the_same_history() -> None:
 
 
 def test_repetitive_text_chooses_ngram() -> None:
-    policy = AdaptivePolicy(quiet())
+    policy = AdaptivePolicy(quiet(ngram_min_match=3))
     [alone] = policy.decide(BatchView((view("rep", match=6),)))
     assert alone.proposer == "ngram" and alone.k > 0  # free to propose, so it wins even at the default priors
     teach(policy, "rep", accepted=4, rounds=4, proposer="ngram")
@@ -189,6 +190,18 @@ def test_repetitive_text_chooses_ngram() -> None:
     decisions = policy.decide(BatchView((view("rep", match=6), *others)))
     assert decisions[0].proposer == "ngram" and decisions[0].k > 0
     assert all(d.proposer == "draft" and d.k > 0 for d in decisions[1:])  # short matches: below ngram_min_match
+
+
+def test_short_ngram_matches_learn_their_own_acceptance() -> None:
+    """A request whose 2-token matches fail drafts with the draft model there, and still takes its long matches."""
+    policy = AdaptivePolicy(quiet())
+    teach(policy, "r", accepted=3, drafted=4, rounds=5)
+    teach(policy, "r", accepted=0, drafted=4, rounds=8, proposer="ngram", match=2)
+    teach(policy, "r", accepted=4, drafted=4, rounds=8, proposer="ngram", match=6)
+    [short] = policy.decide(BatchView((view("r", match=2),)))
+    [long] = policy.decide(BatchView((view("r", match=6),)))
+    assert short.proposer == "draft" and short.k > 0
+    assert long.proposer == "ngram" and long.k > 0
 
 
 def test_ngram_even_against_a_good_draft_when_its_acceptance_is_higher() -> None:

@@ -4,9 +4,16 @@ At each load level the adaptive policy, learning alpha and step costs from scrat
 the goodput of the best fixed policy chosen in hindsight (off, draft k=1..8, n-gram k=1..8), and
 never fall below plain decode. The cost regime makes speculation pay well at batch 1 and not at all
 for most requests at batch 64.
+
+Goodput is the mean over three request streams (seeds). At 64 requests, where plain decode is the best
+policy and adaptive's margin is what learning costs it, one stream's luck moved adaptive by +-1.5% of plain
+decode's goodput (six seeds: 0.986-1.012x with n-gram matches of every length estimated as one, 0.986-1.006x
+with short ones apart), so the verdict of a single stream said as much about the stream as about the policy.
 """
 
 from __future__ import annotations
+
+import statistics
 
 import pytest
 
@@ -18,12 +25,19 @@ from policies.simulate import simulate
 STEPS_BY_LOAD = {1: 2000, 4: 1200, 16: 600, 64: 600}
 
 
+SEEDS = (0, 1, 2)  # request streams
+
+
+def mean_goodput(make_policy, load: int, num_steps: int) -> float:
+    return statistics.mean(simulate(make_policy(), load, num_steps, seed=seed).goodput for seed in SEEDS)
+
+
 def baselines(load: int, num_steps: int) -> dict[str, float]:
-    goodput = {"off": simulate(OffPolicy(), load, num_steps).goodput}
+    goodput = {"off": mean_goodput(OffPolicy, load, num_steps)}
     for proposer in ("draft", "ngram"):
         for k in range(1, 9):
-            policy = FixedPolicy(PolicySettings(mode=proposer, k=k))
-            goodput[f"{proposer} k={k}"] = simulate(policy, load, num_steps).goodput
+            settings = PolicySettings(mode=proposer, k=k)
+            goodput[f"{proposer} k={k}"] = mean_goodput(lambda s=settings: FixedPolicy(s), load, num_steps)
     return goodput
 
 
@@ -31,7 +45,7 @@ def baselines(load: int, num_steps: int) -> dict[str, float]:
 def test_adaptive_is_near_the_best_fixed_k_and_never_below_plain(load: int) -> None:
     num_steps = STEPS_BY_LOAD[load]
     fixed = baselines(load, num_steps)
-    adaptive = simulate(AdaptivePolicy(), load, num_steps).goodput
+    adaptive = mean_goodput(AdaptivePolicy, load, num_steps)
     best = max(fixed, key=fixed.__getitem__)
     print(f"load {load}: adaptive/{best} = {adaptive / fixed[best]:.3f}, adaptive/off = {adaptive / fixed['off']:.3f}")
     assert adaptive >= 0.95 * fixed[best]
