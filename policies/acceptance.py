@@ -206,22 +206,23 @@ class AcceptanceEstimator:
     def alpha(self, request_id: str, proposer: str, temperature: float, match_len: int = 0) -> float:
         """The request's own decayed rate, blended with the prior during warm-up, floored and capped.
         ``match_len``: of the n-gram match the proposal would use (0: unknown)."""
-        estimate = estimate_key(proposer, match_len)
-        key = (estimate, temperature_bucket(temperature))
+        estimate = "ngram_short" if proposer == "ngram" and 0 < match_len < LONG_MATCH else proposer  # estimate_key
+        key = (estimate, 0 if temperature <= 0.0 else temperature_bucket(temperature))
         shared = self._shared.get(key)
         if shared is None:
             shared = self._shared[key] = (self.prior(proposer, temperature, match_len),
                                           self.prior_trials(proposer, temperature, match_len))
         prior, prior_trials = shared
         counts = self._requests.get((request_id, estimate))
+        settings = self._settings
         if counts is None or counts.trials <= 0.0:
             estimate_value = prior
-        else:
-            own = counts.rate(prior, prior_trials)
-            warmup = self._settings.warmup_rounds
+        else:  # read for every request every step: `DecayedCounts.rate` inlined
+            own = (counts.accepted + prior * prior_trials) / (counts.trials + prior_trials)
+            warmup = settings.warmup_rounds
             weight = 1.0 if warmup == 0 else min(1.0, counts.num_rounds / warmup)
             estimate_value = weight * own + (1.0 - weight) * prior
-        return min(ALPHA_CEILING, max(self._settings.alpha_floor, estimate_value))
+        return min(ALPHA_CEILING, max(settings.alpha_floor, estimate_value))
 
     def prior_trials(self, proposer: str, temperature: float, match_len: int = 0) -> float:
         """m: how many trials the global rate weighs in a request's estimate (learned, see the module doc)."""

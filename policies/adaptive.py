@@ -52,6 +52,7 @@ Five corrections on top of the pure optimum:
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import replace
 
@@ -119,7 +120,7 @@ class AdaptivePolicy(LearningPolicy):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
         self._plain_streak[regime] = 0 if any(plan.ks) else streak + 1  # nor do they end streaks
         plan = self.last_plan = self._explore(plan, candidates, coeffs, requests)
-        return self._with_named_proposers(requests, [Decision(k, proposer) if k > 0 else PLAIN
+        return self._with_named_proposers(requests, [_decision(k, proposer) if k > 0 else PLAIN
                                                      for k, proposer in zip(plan.ks, plan.proposers, strict=True)])
 
     def reconfigure(self, settings: PolicySettings) -> None:
@@ -243,6 +244,12 @@ class AdaptivePolicy(LearningPolicy):
             if probed.goodput >= (1.0 - allowed_loss) * plan.goodput:
                 plan = probed
         return plan
+
+
+@functools.lru_cache(maxsize=64)
+def _decision(k: int, proposer: ProposerName) -> Decision:
+    """Decisions are frozen, so one per (k, proposer) serves every request: ~1.5 us each saved, ~20 a step."""
+    return Decision(k, proposer)
 
 
 def _catch_up_share(view: RequestView) -> float:

@@ -328,6 +328,8 @@ class CostModel:
         self._verify_override: tuple[float, float, float] | None = None
         self._draft_override: float | None = None
         self._fitted: CostCoefficients | None = None
+        self._effective: CostCoefficients | None = None  # the fit with the overrides, until either changes
+        self._plain_seconds: dict[int, float] = {}  # batch size -> predicted plain step, until the fit changes
         self._sources = ("default", "default")
         self.audit = PredictionAudit()
 
@@ -338,6 +340,8 @@ class CostModel:
         terms dropped). An override is the whole cost of its model: its fixed cost of speculating is dropped too."""
         self._verify_override = verify_override
         self._draft_override = draft_override
+        self._effective = None
+        self._plain_seconds.clear()
 
     def observe(self, timing: StepTiming) -> None:
         if (timing.batch_size <= 0 or not math.isfinite(timing.target_seconds) or timing.target_seconds <= 0
@@ -364,8 +368,12 @@ class CostModel:
     def _refit(self) -> None:
         self._fitted = self._fit()
         self._num_unfitted = 0
+        self._effective = None
+        self._plain_seconds.clear()
 
     def coefficients(self) -> CostCoefficients:
+        if self._effective is not None:
+            return self._effective
         if self._fitted is None:
             self._refit()
         coef = self._fitted
@@ -374,11 +382,20 @@ class CostModel:
             coef = replace(coef, a=a, b=b, c=c, g=0.0)
         if self._draft_override is not None:
             coef = replace(coef, f=0.0, d=self._draft_override, e=0.0, h=0.0)
+        self._effective = coef
         return coef
 
     def predict_step(self, batch_size: int, num_tokens: int, draft_plan: DraftPlan | None = None) -> float:
         """A step whose ``num_tokens`` exceed its batch verifies drafts (as the observed steps do)."""
         return self.coefficients().step_seconds(batch_size, num_tokens, draft_plan, num_tokens > batch_size)
+
+    def predict_plain_step(self, batch_size: int) -> float:
+        """`predict_step` of plain decode, remembered per batch size until the fit changes: the goodput guard asks
+        it for every batch size of a bucket's mix, several times a step."""
+        seconds = self._plain_seconds.get(batch_size)
+        if seconds is None:
+            seconds = self._plain_seconds[batch_size] = self.predict_step(batch_size, batch_size)
+        return seconds
 
     def _fit(self) -> CostCoefficients:
         verify, verify_source = self._target.fit(np.array(DEFAULT_VERIFY), self._min_observations)

@@ -272,16 +272,19 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
     values: list[float] = []  # per request: the value of its best non-draft choice ...
     ngram_ks: list[int] = []  # ... and its n-gram k (0: plain decode)
     nets: list[list[float]] = []  # per request and draft k: its value less the tokens' and catch-up's price
+    improved: list[list[int]] = []  # per request: the draft k's that beat every smaller k (the best k <= K_d's)
     for plain, draft, ngram, catch_up, draft_true in zip(tables.plain, tables.draft, tables.ngram, tables.catch_up,
                                                          tables.draft_true, strict=True):
         value, k_ngram = plain, 0
         for k in range(1, len(ngram)):
-            if ngram[k] - token_price * k > value:
-                value, k_ngram = ngram[k] - token_price * k, k
+            drafted = ngram[k] - token_price * k
+            if drafted > value:
+                value, k_ngram = drafted, k
         values.append(value)
         ngram_ks.append(k_ngram)
-        net = [-math.inf]
+        net, firsts = [-math.inf], [0]
         nets.append(net)
+        improved.append(firsts)
         tax = tax_rate * catch_up  # per true expected token: the catch-up spread over what it emits
         best = -math.inf
         for passes in range(1, len(draft)):
@@ -289,6 +292,7 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
             net.append(drafted)
             if drafted > best:
                 best = drafted
+                firsts.append(passes)
             gain = best - user_price * passes - value
             if gain > 0.0:
                 gains[passes] += gain
@@ -303,9 +307,10 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
         if base + gains[k_d] - lam * (coeffs.d * k_d + coeffs.f) > total:
             total, passes = base + gains[k_d] - lam * (coeffs.d * k_d + coeffs.f), k_d
     ks, uses_draft = [], []
-    for net, value, k_ngram in zip(nets, values, ngram_ks, strict=True):
-        usable = min(passes, len(net) - 1)
-        k = max(range(1, usable + 1), key=net.__getitem__) if usable else 0  # the first best
+    for net, value, k_ngram, firsts in zip(nets, values, ngram_ks, improved, strict=True):
+        k = firsts[-1]
+        if k > passes:  # the last k that beat all smaller ones, among those within K_d
+            k = next(first for first in reversed(firsts) if first <= passes)
         drafts = k > 0 and net[k] - user_price * passes > value
         ks.append(k if drafts else k_ngram)
         uses_draft.append(drafts)
@@ -317,20 +322,25 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
 def _evaluate(choice: Choice, tables: _Tables, batch_size: int, base_tokens: int,
               coeffs: CostCoefficients) -> tuple[float, float]:
     """(expected tokens of the choice's requests under the given tables, predicted seconds of the whole step:
-    ``batch_size`` requests, the choice's among them)."""
+    ``batch_size`` requests, the choice's among them). `CostCoefficients.step_seconds`, inlined: it runs a few
+    times per plan."""
     ks, uses_draft = choice
     tokens, passes, users, catch_up = 0.0, 0, 0, 0.0
     for i, (k, draft) in enumerate(zip(ks, uses_draft, strict=True)):
         if k == 0:
             tokens += tables.plain[i]
         elif draft:
-            tokens, passes, users = tokens + tables.draft[i][k], max(passes, k), users + 1
+            tokens, users = tokens + tables.draft[i][k], users + 1
+            if k > passes:
+                passes = k
             catch_up += tables.catch_up[i] * tables.draft_true[i][k]
         else:
             tokens += tables.ngram[i][k]
     num_drafted = sum(ks)
-    plan = DraftPlan(passes, users, catch_up) if users else None
-    return tokens, coeffs.step_seconds(batch_size, base_tokens + num_drafted, plan, verifies=num_drafted > 0)
+    seconds = coeffs.target_seconds(batch_size, base_tokens + num_drafted, num_drafted > 0)
+    if users:
+        seconds += coeffs.f + passes * (coeffs.d + coeffs.e * users) + coeffs.h * catch_up
+    return tokens, seconds
 
 
 def _plain_plan(n: int, base_tokens: int, coeffs: CostCoefficients) -> BatchPlan:

@@ -30,7 +30,7 @@ class LearnedState:
 
     def predicted_plain_seconds(self, batch_size: int) -> float:
         """A plain-decode step's seconds at ``batch_size``, as the cost model predicts them."""
-        return self.cost_model.predict_step(batch_size, batch_size)
+        return self.cost_model.predict_plain_step(batch_size)
 
 
 class LearningPolicy:
