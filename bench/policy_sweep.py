@@ -81,6 +81,8 @@ POLICIES = {
 # adaptive policies with other settings, for A/B runs (``--policies``); not run by default, judged like ``adaptive``
 VARIANTS = {
     "adaptive (ngram_min_match=3)": {"mode": "auto", "ngram_min_match": 3},
+    "adaptive (hysteresis=0.1)": {"mode": "auto", "hysteresis": 0.1},
+    "adaptive (no guard)": {"mode": "auto", "goodput_guard": False},
 }
 TWIN, TWIN_OF = "draft k=2 (twin)", "draft k=2"
 OFF_TWIN = "off (twin)"  # a copy of ``off``: the noise control of the ">= 1.0x off" target
