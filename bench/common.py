@@ -67,7 +67,8 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingPara
 
 def run_engines_lockstep(engines: dict[str, LLMEngine], prompts: list[list[int]],
                          params: SamplingParams | list[SamplingParams],
-                         max_in_flight: int | None = None) -> dict[str, RunResult]:
+                         max_in_flight: int | None = None, clients_type: type[_Clients] | None = None,
+                         ) -> dict[str, RunResult]:
     """Serve the same traffic (as ``run_engine``) on every engine at once, stepping in turn the one furthest
     behind (by the share of its tokens served), and time each engine by its own steps alone: the seconds a run
     takes are the sum of its engine's step times.
@@ -79,7 +80,8 @@ def run_engines_lockstep(engines: dict[str, LLMEngine], prompts: list[list[int]]
     the time) take turns in a random order: broken by the order of ``engines``, the first of four identical
     ``off`` engines ran 2% slower than the others.
     """
-    clients = {name: _Clients(engine, prompts, params, max_in_flight) for name, engine in engines.items()}
+    clients_type = clients_type or _Clients  # bench/virtual_clock.py: another clock
+    clients = {name: clients_type(engine, prompts, params, max_in_flight) for name, engine in engines.items()}
     busy = list(clients.values())
     ties = random.Random(0)
     while busy:

@@ -50,3 +50,18 @@ def test_an_engine_reads_another_engines_weights_only_where_it_would_load_the_sa
         small_engine(weights_from=source, draft_model=None)
     with pytest.raises(ValueError, match="weights_from: its torch_dtype is"):
         small_engine(weights_from=source, dtype="bfloat16")
+
+
+def test_the_virtual_clock_charges_each_step_its_modelled_seconds() -> None:
+    from bench.virtual_clock import H200, VirtualClients, VirtualClock
+
+    engine = small_engine()
+    set_policy(engine, mode="off")
+    engine.virtual_clock = VirtualClock(engine, H200, host=0.0, policy_time=0.0)
+    prompt = engine.tokenizer.encode(PROSE[0])
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    result = run_engines_lockstep({"off": engine}, [prompt], params, clients_type=VirtualClients)["off"]
+    # the prompt's chunk (its first token sampled with it), then five plain steps of one request
+    prefill = H200["a"] + H200["p"] * len(prompt)
+    assert result.seconds == pytest.approx(prefill + 5 * (H200["a"] + H200["b"] + H200["c"]))
+    assert engine.policy.stats()["cost_model"]["num_observations"] == 5  # its policy learned the virtual times
