@@ -206,8 +206,8 @@ class AcceptanceEstimator:
     def alpha(self, request_id: str, proposer: str, temperature: float, match_len: int = 0) -> float:
         """The request's own decayed rate, blended with the prior during warm-up, floored and capped.
         ``match_len``: of the n-gram match the proposal would use (0: unknown)."""
-        estimate = "ngram_short" if proposer == "ngram" and 0 < match_len < LONG_MATCH else proposer  # estimate_key
-        key = (estimate, 0 if temperature <= 0.0 else temperature_bucket(temperature))
+        estimate = estimate_key(proposer, match_len)
+        key = (estimate, temperature_bucket(temperature))
         shared = self._shared.get(key)
         if shared is None:
             shared = self._shared[key] = (self.prior(proposer, temperature, match_len),

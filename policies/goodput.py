@@ -322,8 +322,7 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
 def _evaluate(choice: Choice, tables: _Tables, batch_size: int, base_tokens: int,
               coeffs: CostCoefficients) -> tuple[float, float]:
     """(expected tokens of the choice's requests under the given tables, predicted seconds of the whole step:
-    ``batch_size`` requests, the choice's among them). `CostCoefficients.step_seconds`, inlined: it runs a few
-    times per plan."""
+    ``batch_size`` requests, the choice's among them)."""
     ks, uses_draft = choice
     tokens, passes, users, catch_up = 0.0, 0, 0, 0.0
     for i, (k, draft) in enumerate(zip(ks, uses_draft, strict=True)):
@@ -337,10 +336,8 @@ def _evaluate(choice: Choice, tables: _Tables, batch_size: int, base_tokens: int
         else:
             tokens += tables.ngram[i][k]
     num_drafted = sum(ks)
-    seconds = coeffs.target_seconds(batch_size, base_tokens + num_drafted, num_drafted > 0)
-    if users:
-        seconds += coeffs.f + passes * (coeffs.d + coeffs.e * users) + coeffs.h * catch_up
-    return tokens, seconds
+    plan = DraftPlan(passes, users, catch_up) if users else None
+    return tokens, coeffs.step_seconds(batch_size, base_tokens + num_drafted, plan, verifies=num_drafted > 0)
 
 
 def _plain_plan(n: int, base_tokens: int, coeffs: CostCoefficients) -> BatchPlan:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench.common import RunResult
-from bench.policy_sweep import OFF_TWIN, TWIN, TWIN_OF, audit_at_load, rotate_policies, summarize_cell
+from bench.policy_sweep import OFF_TWIN, TWIN, TWIN_OF, VARIANTS, audit_at_load, rotate_policies, summarize_cell
 
 
 def runs(*rates: float) -> list[RunResult]:
@@ -32,6 +32,16 @@ def test_cell_verdicts_are_medians_of_paired_ratios_and_no_twin_counts_as_best_f
     assert summary["off_twin_vs_off"] == pytest.approx(1.02)
     without_twins = summarize_cell(cell, {"adaptive": runs(1), "off": runs(1), TWIN_OF: runs(1)})
     assert "twin_vs_original" not in without_twins and "off_twin_vs_off" not in without_twins
+
+
+def test_an_adaptive_variant_is_judged_like_adaptive_and_is_never_best_fixed() -> None:
+    variant = next(iter(VARIANTS))
+    cell = {"workload": "code", "temperature": 0.0, "concurrency": 32}
+    summary = summarize_cell(cell, {"adaptive": runs(100, 100), "off": runs(90, 90), "ngram k=4": runs(110, 110),
+                                    variant: runs(120, 125)})
+    assert summary["best_fixed"] == "ngram k=4"
+    assert summary[f"{variant}_vs_best_fixed"] == pytest.approx(122.5 / 110)
+    assert summary[f"{variant}_vs_adaptive"] == pytest.approx(1.225)
 
 
 def test_policies_take_every_engine_in_turn() -> None:
