@@ -25,8 +25,11 @@ settings' prior scaled by a default temperature factor.
 An n-gram proposal is only as good as its match: on the bundled pair (code, T = 0, every match allowed) rounds
 from 2- and 3-token matches accepted 24% of their drafted tokens, from 4 tokens on 67%. One estimate for both
 priced every short match at the long ones' rate, so a CPU, where each fed token costs, would have drafted them
-at a loss; short matches (under ``LONG_MATCH`` tokens, "ngram_short") are therefore estimated apart, per request
-and per bucket, as a third proposer. The engine reports each round's match length (`RoundOutcome`).
+at a loss; short matches (under the ``ngram_long_match`` setting, "ngram_short") are therefore estimated apart, per
+request and per bucket, as a third proposer. The engine reports each round's match length (`RoundOutcome`). By
+default auto considers matches from 3 tokens and estimates them all as one (the settings that won on a GPU's
+costs, matches from 2 tokens and the split at 4, read 3-11% below the best fixed policy in 4 low-load CPU cells at
+T > 0 and await their A/B there: docs/goodput-guard.md).
 """
 
 from __future__ import annotations
@@ -47,14 +50,14 @@ MIN_DISPERSION_REQUESTS = 8  # finished requests in a bucket before its learned 
 DISPERSION_DECAY = 0.98  # per finished request: the spread follows the last ~50 requests
 GLOBAL_DECAY = 0.999  # per round: the global rates follow drift over ~1000 rounds
 ALPHA_CEILING = 0.99  # keeps 1 / (1 - alpha) finite
-LONG_MATCH = 4  # n-gram matches of this many tokens or more are estimated as "ngram", shorter ones as "ngram_short"
 SHORT_MATCH_PRIOR_FACTOR = 0.5  # the settings' n-gram prior, scaled for short matches before they have data
 ESTIMATES: tuple[str, ...] = (*PROPOSERS, "ngram_short")
 
 
-def estimate_key(proposer: str, match_len: int = 0) -> str:
-    """Which estimate a round (or a request's option) reads: a short n-gram match has its own; 0 = unknown match."""
-    return "ngram_short" if proposer == "ngram" and 0 < match_len < LONG_MATCH else proposer
+def estimate_key(proposer: str, match_len: int = 0, long_match: int = 1) -> str:
+    """Which estimate a round (or a request's option) reads: an n-gram match under ``long_match`` tokens has its own
+    ("ngram_short"); 0 = unknown match."""
+    return "ngram_short" if proposer == "ngram" and 0 < match_len < long_match else proposer
 
 
 def temperature_bucket(temperature: float) -> int:
@@ -173,7 +176,7 @@ class AcceptanceEstimator:
             return
         accepted = max(0, min(outcome.num_accepted, outcome.num_drafted))
         trials = accepted + (1 if accepted < outcome.num_drafted else 0)
-        estimate = estimate_key(outcome.proposer, outcome.ngram_match_len)
+        estimate = estimate_key(outcome.proposer, outcome.ngram_match_len, self._settings.ngram_long_match)
         key = (outcome.request_id, estimate)
         bucket = temperature_bucket(outcome.temperature)
         counts = self._requests.get(key)
@@ -190,7 +193,7 @@ class AcceptanceEstimator:
     def prior(self, proposer: str, temperature: float, match_len: int = 0) -> float:
         """The global rate of ``proposer`` (at this n-gram match length) at this temperature bucket (settings prior
         before data)."""
-        estimate = estimate_key(proposer, match_len)
+        estimate = estimate_key(proposer, match_len, self._settings.ngram_long_match)
         bucket = temperature_bucket(temperature)
         base = self._settings.prior_alpha_draft if proposer == "draft" else self._settings.prior_alpha_ngram
         if estimate == "ngram_short":
@@ -200,13 +203,13 @@ class AcceptanceEstimator:
 
     def is_learned(self, proposer: str, temperature: float, match_len: int = 0) -> bool:
         """Whether the proposer's observed trials at this temperature bucket outweigh the settings prior."""
-        totals = self._totals[estimate_key(proposer, match_len)]
+        totals = self._totals[estimate_key(proposer, match_len, self._settings.ngram_long_match)]
         return totals.per_bucket[temperature_bucket(temperature)].trials >= BUCKET_PRIOR_PSEUDO_TRIALS
 
     def alpha(self, request_id: str, proposer: str, temperature: float, match_len: int = 0) -> float:
         """The request's own decayed rate, blended with the prior during warm-up, floored and capped.
         ``match_len``: of the n-gram match the proposal would use (0: unknown)."""
-        estimate = estimate_key(proposer, match_len)
+        estimate = estimate_key(proposer, match_len, self._settings.ngram_long_match)
         key = (estimate, temperature_bucket(temperature))
         shared = self._shared.get(key)
         if shared is None:
@@ -226,7 +229,8 @@ class AcceptanceEstimator:
 
     def prior_trials(self, proposer: str, temperature: float, match_len: int = 0) -> float:
         """m: how many trials the global rate weighs in a request's estimate (learned, see the module doc)."""
-        return self._dispersion[estimate_key(proposer, match_len)][temperature_bucket(temperature)].prior_trials
+        estimate = estimate_key(proposer, match_len, self._settings.ngram_long_match)
+        return self._dispersion[estimate][temperature_bucket(temperature)].prior_trials
 
     def forget(self, request_id: str) -> None:
         """The request is done: its totals join its bucket's spread between requests."""
@@ -241,7 +245,7 @@ class AcceptanceEstimator:
         return len({request_id for request_id, _ in self._requests})
 
     def summary(self) -> dict[str, Any]:
-        """Per proposer ("ngram" for matches of ``LONG_MATCH`` tokens or more, "ngram_short" for shorter ones):
+        """Per proposer ("ngram" for matches of ``ngram_long_match`` tokens or more, "ngram_short" for shorter ones):
         totals, acceptance rate (accepted / drafted) and the per-bucket alpha priors."""
         out: dict[str, Any] = {}
         buckets = list(zip(TEMPERATURE_BUCKETS, BUCKET_POINTS, strict=True))

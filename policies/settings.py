@@ -44,7 +44,8 @@ class PolicySettings:
     goodput_guard: bool = True  # veto speculation at batch sizes where it measurably ran slower than plain decode
     guard_probe_rate: float = 0.05  # chance per step that the guard tries the arm it currently rejects, [0, 1]
     draft_stop_confidence: float = 0.0  # the draft model stops a round early after a token it gave less, [0, 1)
-    ngram_min_match: int = 1  # auto mode considers n-gram matches this long or longer (short ones have their own alpha)
+    ngram_min_match: int = 3  # auto mode considers the n-gram proposer from this match length on, >= 1
+    ngram_long_match: int = 3  # shorter n-gram matches learn their own acceptance ("ngram_short"), >= 1
     draft_cost_per_token: float | None = None  # seconds per draft pass; overrides the whole draft fit, >= 0
     verify_cost_coefficients: tuple[float, float, float] | None = None  # (a, b, c) s; overrides the target fit
     seed: int = 0  # seeds the exploration draws
@@ -69,6 +70,7 @@ class PolicySettings:
         _check(0.0 <= self.draft_stop_confidence < 1.0, "draft_stop_confidence",
                f"must be in [0, 1); got {self.draft_stop_confidence}")
         _check(self.ngram_min_match >= 1, "ngram_min_match", f"must be >= 1; got {self.ngram_min_match}")
+        _check(self.ngram_long_match >= 1, "ngram_long_match", f"must be >= 1; got {self.ngram_long_match}")
         if self.draft_cost_per_token is not None:
             _check(self.draft_cost_per_token >= 0.0, "draft_cost_per_token", "must be >= 0 or null")
         if self.verify_cost_coefficients is not None:
@@ -100,7 +102,7 @@ class PolicySettings:
         return {"off": "off", "auto": "adaptive"}.get(self.mode, "fixed")
 
 
-_INT_FIELDS = {"k", "k_max", "warmup_rounds", "ngram_min_match", "seed"}
+_INT_FIELDS = {"k", "k_max", "warmup_rounds", "ngram_min_match", "ngram_long_match", "seed"}
 _FLOAT_FIELDS = {
     "ewma_weight", "prior_alpha_draft", "prior_alpha_ngram", "alpha_floor",
     "exploration_rate", "exploration_max_loss", "hysteresis", "guard_probe_rate", "draft_stop_confidence",

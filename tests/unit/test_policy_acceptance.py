@@ -7,7 +7,9 @@ import random
 import pytest
 
 from policies import AcceptanceEstimator, PolicySettings, RoundOutcome, temperature_bucket
-from policies.acceptance import LONG_MATCH, SHORT_MATCH_PRIOR_FACTOR
+from policies.acceptance import SHORT_MATCH_PRIOR_FACTOR
+
+LONG_MATCH = 4
 
 
 def geometric_rounds(rng: random.Random, alpha: float, k: int, n: int, request_id: str = "r", temperature=0.0):
@@ -81,7 +83,7 @@ def test_proposers_are_separate_and_forget_drops_the_request() -> None:
 
 
 def test_short_ngram_matches_are_estimated_apart() -> None:
-    estimator = AcceptanceEstimator(PolicySettings(warmup_rounds=0, ewma_weight=0.1))
+    estimator = AcceptanceEstimator(PolicySettings(warmup_rounds=0, ewma_weight=0.1, ngram_long_match=LONG_MATCH))
     long_prior = estimator.alpha("new", "ngram", 0.0)
     assert estimator.alpha("new", "ngram", 0.0, match_len=2) == pytest.approx(SHORT_MATCH_PRIOR_FACTOR * long_prior)
     for _ in range(30):

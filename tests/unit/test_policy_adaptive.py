@@ -180,7 +180,7 @@ def test_high_temperature_lowers_k_at_the_same_history() -> None:
 
 
 def test_repetitive_text_chooses_ngram() -> None:
-    policy = AdaptivePolicy(quiet(ngram_min_match=3))
+    policy = AdaptivePolicy(quiet())
     [alone] = policy.decide(BatchView((view("rep", match=6),)))
     assert alone.proposer == "ngram" and alone.k > 0  # free to propose, so it wins even at the default priors
     teach(policy, "rep", accepted=4, rounds=4, proposer="ngram")
@@ -194,7 +194,7 @@ def test_repetitive_text_chooses_ngram() -> None:
 
 def test_short_ngram_matches_learn_their_own_acceptance() -> None:
     """A request whose 2-token matches fail drafts with the draft model there, and still takes its long matches."""
-    policy = AdaptivePolicy(quiet())
+    policy = AdaptivePolicy(quiet(ngram_min_match=1, ngram_long_match=4))
     teach(policy, "r", accepted=3, drafted=4, rounds=5)
     teach(policy, "r", accepted=0, drafted=4, rounds=8, proposer="ngram", match=2)
     teach(policy, "r", accepted=4, drafted=4, rounds=8, proposer="ngram", match=6)
