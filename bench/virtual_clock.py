@@ -11,7 +11,9 @@ same tokens, acceptance and policy decisions) in lockstep, but times every step 
 
 The defaults are the H200's fit of 2026-11-28 (bf16, bundled pair). Each policy's cost model learns from the
 virtual times, which are exactly its model's form: where the adaptive policy still trails a fixed one, the cause is
-not a mispriced step. First findings (32 code clients, T = 0, 3 runs each; docs/goodput-guard.md):
+not a mispriced step. First findings (32 code clients, T = 0, 3 runs each; docs/goodput-guard.md, and this tool's
+own runs in `bench/results/virtual_clock_code_c32_t0_policy_time_{0,1}.json`: adaptive 0.973x / 0.916x n-gram
+k = 4 with the policy's time uncharged / charged, the short-match settings 1.025x / 0.949x):
 with the policy's time charged, adaptive read 0.913x n-gram k = 4 (the H200: 0.91x); uncharged, 0.977x, so two
 thirds of the gap was the policy's own work (~0.6-0.8 ms a step at 32 requests, against ~10 ms virtual steps);
 considering n-gram matches of every length (their short ones' acceptance learned apart) took its decisions to
