@@ -87,7 +87,7 @@ class VirtualClock:
 
         controller.observe_step = virtual_observe_step  # type: ignore[method-assign]
         stats.observe_step = virtual_observe_stats  # type: ignore[method-assign]
-        self.policy_seconds = lambda: policy_time * sum(controller.stats()["policy_seconds"].values())
+        self.policy_seconds = lambda: policy_time * controller.policy_seconds
 
 
 class VirtualClients(_Clients):

@@ -133,6 +133,12 @@ class PolicyController:
         with self._lock:
             self._policy.forget(request_id)
 
+    @property
+    def policy_seconds(self) -> float:
+        """Seconds of the policy's own work so far (deciding and learning), without building the whole `stats`."""
+        with self._lock:
+            return sum(self._seconds.values())
+
     def stats(self) -> dict[str, Any]:
         """A JSON-able snapshot for operators (admin endpoint, metrics exporter)."""
         with self._lock:

@@ -107,6 +107,7 @@ def test_stats_are_json_and_count_decisions() -> None:
     assert set(stats["acceptance"]) == {"draft", "ngram", "ngram_short"}
     assert "verify_seconds" in stats["cost_model"]
     assert stats["policy_seconds"]["deciding"] > 0 and stats["policy_seconds"]["learning"] == 0
+    assert controller.policy_seconds == pytest.approx(sum(stats["policy_seconds"].values()))
 
 
 def test_concurrent_updates_while_the_engine_steps() -> None:
