@@ -83,6 +83,7 @@ VARIANTS = {
     "adaptive (short matches)": {"mode": "auto", "ngram_min_match": 1, "ngram_long_match": 4},
     "adaptive (hysteresis=0.1)": {"mode": "auto", "hysteresis": 0.1},
     "adaptive (no guard)": {"mode": "auto", "goodput_guard": False},
+    "adaptive (plan every step)": {"mode": "auto", "max_planning_share": None},
 }
 TWIN, TWIN_OF = "draft k=2 (twin)", "draft k=2"
 OFF_TWIN = "off (twin)"  # a copy of ``off``: the noise control of the ">= 1.0x off" target

@@ -48,19 +48,29 @@ Five corrections on top of the pure optimum:
   miss short of its sure verdict): see `GoodputGuard.decline_measurement`. Nor are they left to starve where
   the plan speculates with n-gram lookups alone (steps the guard books to the n-gram route): such a step takes
   the best plan in which the draft model proposes (`_draft_measurement`).
+
+Plans are reused where they cost more than they are worth (`_hold`): at 32 requests on an H200 a plan took
+0.6-0.9 ms of Python against ~10 ms steps, and the policy's own work was two thirds of its shortfall against fixed
+n-gram k = 4 there (bench/virtual_clock.py). A speculating plan dearer than ``max_planning_share`` of the measured
+step serves up to ``MAX_HELD_STEPS`` more steps, as many as bring planning within that share. In those, each request
+keeps its choice; one that joined since, or whose options changed (an n-gram match came or went), is decided alone
+at the plan's price and draft passes (`policies.goodput.best_alone`). Decided plainly instead, those requests had
+cost 2-4% of throughput there, with the policy's time uncharged.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import random
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 
 from policies.acceptance import temperature_bucket
-from policies.base import BatchView, Decision, ProposerName, RequestView
+from policies.base import BatchView, Decision, ProposerName, RequestView, StepTiming
 from policies.cost_model import CostCoefficients
 from policies.fixed import PLAIN, fixed_decision
-from policies.goodput import BatchPlan, Candidate, plan_batch, with_probe
+from policies.goodput import BatchPlan, Candidate, best_alone, plan_batch, with_probe
 from policies.guard import ALL_PROPOSERS
 from policies.guard_figures import batch_bucket, measures_step
 from policies.learning import LearnedState, LearningPolicy
@@ -70,11 +80,27 @@ PLAIN_STREAK = 16  # plain steps in a row at a batch-size and temperature bucket
 REPLAN_RATE = 0.125  # then, the chance per step that the plan is made (and may resume speculation)
 NEAR_TIE = 0.9  # speculation the model predicts at this share of plain decode's goodput or more is measured
 NAMED_MODES = ("draft", "ngram")  # a request's `speculation.mode` naming its proposer
+MAX_HELD_STEPS = 4  # a plan is reused for at most this many steps after its own
+TIME_AVERAGE_WEIGHT = 0.2  # of the newest plan's and step's seconds in their averages
 NO_OPTIONS = Candidate(alpha_draft=0.0, max_k_draft=0, alpha_ngram=0.0, max_k_ngram=0)
+
+
+@dataclass
+class HeldPlan:
+    """A plan being reused (`AdaptivePolicy._hold`): what it was made for, its steps left, the cost fit, price
+    (goodput) and draft passes it settled on, and each request's options (draft model, n-gram) when it was made."""
+
+    made_for: tuple
+    steps_left: int
+    coeffs: CostCoefficients
+    price: float
+    draft_passes: int
+    options: dict[str, tuple[bool, bool]]
 
 
 class AdaptivePolicy(LearningPolicy):
     name = "adaptive"
+    clock = staticmethod(time.perf_counter)  # times the plans (tests set a deterministic one)
 
     def __init__(self, settings: PolicySettings | None = None, learned: LearnedState | None = None) -> None:
         self._rng = random.Random(settings.seed if settings else 0)
@@ -82,6 +108,9 @@ class AdaptivePolicy(LearningPolicy):
         self._previous: dict[str, tuple[ProposerName, int]] = {}
         self._plain_streak: dict[tuple[int, int], int] = {}  # (batch bucket, T bucket) -> plain steps in a row
         self.last_plan: BatchPlan | None = None  # for stats and tests: the last plan, probes included
+        self._plan_seconds = 0.0  # a plan's own seconds (options, plan, exploration), averaged
+        self._step_seconds = 0.0  # a step's measured seconds, averaged
+        self._held: HeldPlan | None = None  # the plan being reused (see `_hold`)
 
     def decide(self, batch: BatchView) -> list[Decision]:
         requests = batch.requests
@@ -108,6 +137,13 @@ class AdaptivePolicy(LearningPolicy):
             self.last_plan = None
             self._plain_streak[regime] = streak + 1
             return self._with_named_proposers(requests, [PLAIN] * len(requests))
+        made_for = (regime, allowed, measured)
+        held = self._held
+        if held is not None and held.steps_left and held.made_for == made_for:
+            held.steps_left -= 1
+            self.last_plan = None
+            return self._with_named_proposers(requests, self._held_decisions(held, requests, allowed))
+        start = self.clock()
         candidates = [self._candidate(view, allowed) for view in requests]
         coeffs = self.cost_model.coefficients()
         plan = plan_batch(candidates, coeffs, batch.num_prefill_tokens, self.settings.hysteresis)
@@ -119,9 +155,50 @@ class AdaptivePolicy(LearningPolicy):
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
         self._plain_streak[regime] = 0 if any(plan.ks) else streak + 1  # nor do they end streaks
+        chosen = plan
         plan = self.last_plan = self._explore(plan, candidates, coeffs, requests)
+        self._hold(made_for, chosen, requests, candidates, coeffs, self.clock() - start)
         return self._with_named_proposers(requests, [_decision(k, proposer) if k > 0 else PLAIN
                                                      for k, proposer in zip(plan.ks, plan.proposers, strict=True)])
+
+    def observe_step(self, timing: StepTiming) -> None:
+        super().observe_step(timing)
+        if timing.step_seconds > 0.0:
+            self._step_seconds = _averaged(self._step_seconds, timing.step_seconds)
+
+    def _hold(self, made_for: tuple, plan: BatchPlan, requests: tuple[RequestView, ...], candidates: list[Candidate],
+              coeffs: CostCoefficients, seconds: float) -> None:
+        """Reuse the speculating plan just made (not an all-plain one: plan sampling thins those out) for as many steps
+        as keep planning within ``max_planning_share`` of the step time, at most ``MAX_HELD_STEPS`` (``seconds``: what
+        this plan took; ``made_for``: the regime, proposers and measurement it was made for, where it is reused)."""
+        self._plan_seconds = _averaged(self._plan_seconds, seconds)
+        share, step = self.settings.max_planning_share, self._step_seconds
+        self._held = None
+        if not any(plan.ks) or share is None or step <= 0.0:
+            return
+        steps = min(MAX_HELD_STEPS, math.ceil(self._plan_seconds / (share * step)) - 1)
+        if steps > 0:
+            options = {view.request_id: (c.max_k_draft > 0, c.max_k_ngram > 0)
+                       for view, c in zip(requests, candidates, strict=True)}
+            self._held = HeldPlan(made_for, steps, coeffs, plan.goodput, plan.draft_passes, options)
+
+    def _held_decisions(self, held: HeldPlan, requests: tuple[RequestView, ...],
+                        allowed: frozenset[str]) -> list[Decision]:
+        """Each request's choice in the held plan (its k within the cap now). A request whose options changed since
+        (it joined, or an n-gram match came or went) is decided alone, at the plan's price and draft passes."""
+        decisions = []
+        for view in requests:
+            cap, draft_ok, ngram_ok = self._options(view, allowed)
+            options = (draft_ok and cap > 0, ngram_ok and cap > 0)
+            if held.options.get(view.request_id) == options:
+                proposer, k = self._previous[view.request_id]
+                decisions.append(_decision(min(k, cap), proposer) if k else PLAIN)
+                continue
+            held.options[view.request_id] = options
+            k, proposer = best_alone(self._candidate(view, allowed), held.coeffs, held.price, held.draft_passes)
+            self._previous[view.request_id] = (proposer, k)
+            decisions.append(_decision(k, proposer) if k else PLAIN)
+        return decisions
 
     def reconfigure(self, settings: PolicySettings) -> None:
         if settings.seed != self.settings.seed:
@@ -176,13 +253,18 @@ class AdaptivePolicy(LearningPolicy):
                 decisions[i] = fixed_decision(requests[i], requests[i].override_mode, self.settings)
         return decisions
 
-    def _candidate(self, view: RequestView, allowed: frozenset[str]) -> Candidate:
-        """The request's options: which proposers it may use this step, their alphas, and the k cap."""
+    def _options(self, view: RequestView, allowed: frozenset[str]) -> tuple[int, bool, bool]:
+        """The request's k cap, and whether the draft model and whether n-gram lookups may propose for it now."""
         cap = max(0, min(view.max_k, self.settings.k_max))
         mode = view.override_mode
         draft_ok = view.draft_available and mode in ("auto", "draft") and "draft" in allowed
         min_match = 1 if mode == "ngram" else self.settings.ngram_min_match
         ngram_ok = mode in ("auto", "ngram") and view.ngram_match_len >= min_match and "ngram" in allowed
+        return cap, draft_ok, ngram_ok
+
+    def _candidate(self, view: RequestView, allowed: frozenset[str]) -> Candidate:
+        """The request's options: which proposers it may use this step, their alphas, and the k cap."""
+        cap, draft_ok, ngram_ok = self._options(view, allowed)
         if not (draft_ok or ngram_ok) or cap == 0:
             return NO_OPTIONS  # plain whatever it chose before: no hysteresis to weigh, and the planner sets it aside
         alpha_draft = self.acceptance.alpha(view.request_id, "draft", view.temperature) if draft_ok else 0.0
@@ -250,6 +332,11 @@ class AdaptivePolicy(LearningPolicy):
 def _decision(k: int, proposer: ProposerName) -> Decision:
     """Decisions are frozen, so one per (k, proposer) serves every request: ~1.5 us each saved, ~20 a step."""
     return Decision(k, proposer)
+
+
+def _averaged(average: float, value: float) -> float:
+    """An exponential average that starts at its first value."""
+    return value if average <= 0.0 else average + TIME_AVERAGE_WEIGHT * (value - average)
 
 
 def _catch_up_share(view: RequestView) -> float:

@@ -345,6 +345,28 @@ def _plain_plan(n: int, base_tokens: int, coeffs: CostCoefficients) -> BatchPlan
     return BatchPlan((0,) * n, (DRAFT,) * n, float(n), seconds, n, base_tokens, 0, 0)
 
 
+def best_alone(candidate: Candidate, coeffs: CostCoefficients, price: float,
+               draft_passes: int) -> tuple[int, ProposerName]:
+    """The request's best (k, proposer) at ``price`` (tokens per second) in a speculating step whose other choices
+    stand: plain decode, an n-gram draft, or a draft-model draft of at most the step's ``draft_passes`` (none where
+    the draft model does not run: starting it, or adding passes, is a choice for the whole batch, `plan_batch`)."""
+    token_price = price * coeffs.c
+    best, choice = 1.0, (0, DRAFT)
+    ngram = _token_table(candidate.alpha_ngram, candidate.max_k_ngram)
+    for k in range(1, len(ngram)):
+        value = ngram[k] - token_price * k
+        if value > best:
+            best, choice = value, (k, NGRAM)
+    if draft_passes and candidate.max_k_draft:
+        draft = _token_table(candidate.alpha_draft, min(candidate.max_k_draft, draft_passes))
+        tax, user_price = price * coeffs.h * candidate.draft_catch_up, price * coeffs.e * draft_passes
+        for k in range(1, len(draft)):
+            value = draft[k] * (1.0 - tax) - token_price * k - user_price
+            if value > best:
+                best, choice = value, (k, DRAFT)
+    return choice
+
+
 def with_probe(
     plan: BatchPlan, coeffs: CostCoefficients, index: int, alpha: float, k: int, proposer: ProposerName,
     catch_up: float = 0.0,

@@ -48,6 +48,9 @@ class PolicySettings:
     ngram_long_match: int = 3  # shorter n-gram matches learn their own acceptance ("ngram_short"), >= 1
     draft_cost_per_token: float | None = None  # seconds per draft pass; overrides the whole draft fit, >= 0
     verify_cost_coefficients: tuple[float, float, float] | None = None  # (a, b, c) s; overrides the target fit
+    # share of the step time auto's plans may take, on average: a dearer plan is reused for the steps between, (0, 1];
+    # None = plan every step
+    max_planning_share: float | None = 0.02
     seed: int = 0  # seeds the exploration draws
 
     def __post_init__(self) -> None:
@@ -76,6 +79,9 @@ class PolicySettings:
         if self.verify_cost_coefficients is not None:
             a, b, c = self.verify_cost_coefficients
             _check(a > 0.0 and b >= 0.0 and c >= 0.0, "verify_cost_coefficients", "need a > 0, b >= 0, c >= 0")
+        if self.max_planning_share is not None:
+            _check(0.0 < self.max_planning_share <= 1.0, "max_planning_share",
+                   f"must be in (0, 1] or null; got {self.max_planning_share}")
         _check(self.seed >= 0, "seed", f"must be >= 0; got {self.seed}")
 
     @classmethod
@@ -108,7 +114,7 @@ _FLOAT_FIELDS = {
     "exploration_rate", "exploration_max_loss", "hysteresis", "guard_probe_rate", "draft_stop_confidence",
 }  # fmt: skip
 _OPTIONAL_INT_FIELDS = {"max_batch_for_speculation"}
-_OPTIONAL_FLOAT_FIELDS = {"draft_cost_per_token"}
+_OPTIONAL_FLOAT_FIELDS = {"draft_cost_per_token", "max_planning_share"}
 
 
 def _normalise(settings: PolicySettings, name: str) -> None:

@@ -443,3 +443,54 @@ def test_a_draft_measurement_under_way_uses_the_draft_model_where_the_plan_would
         assert "draft" in {d.proposer for d in policy.decide(batch) if d.k}
         policy.observe_step(speculative)
     assert not policy.guard.measuring_draft(8, 0.0)  # the first figure is complete (a win: it holds)
+
+
+class PlanClock:
+    """Each plan takes ``seconds`` (the policy reads the clock before and after one)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.now, self.reads = seconds, 0.0, 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        if self.reads % 2 == 0:
+            self.now += self.seconds
+        return self.now
+
+
+def test_a_plan_dear_against_the_step_is_reused_and_changed_requests_are_decided_alone(monkeypatch) -> None:
+    # plans of 1 ms against 10 ms steps: at most 2% of the step time, so each plan serves 4 more steps
+    monkeypatch.setattr(AdaptivePolicy, "clock", staticmethod(PlanClock(1e-3)))
+    policy = AdaptivePolicy(quiet(goodput_guard=False))
+    for request_id in ("a", "b", "c", "x"):
+        teach(policy, request_id, accepted=4, drafted=4)
+    for request_id in ("b", "c"):
+        teach(policy, request_id, accepted=4, drafted=4, proposer="ngram", match=4)
+    policy.observe_step(StepTiming(3, 3, 0.01, step_seconds=0.01, num_generated=3))
+    first = policy.decide(BatchView((view("a"), view("b", match=4), view("x"))))
+    assert policy.last_plan is not None and first[1] == Decision(8, "ngram")
+    # held: no plan. "x" left and "c" joined (the same batch-size bucket) with a match: decided alone, it drafts
+    # from the match. "b" keeps its choice while its options stay; once its match is gone, it is decided alone.
+    for match in (4, 4, 0, 0):
+        a, b, c = policy.decide(BatchView((view("a"), view("b", match=match), view("c", match=4))))
+        assert policy.last_plan is None
+        assert a == first[0] and c.proposer == "ngram" and c.k > 0
+        assert b == first[1] if match else b.proposer != "ngram" or b.k == 0
+    policy.decide(BatchView((view("a"), view("b", match=4), view("c", match=4))))
+    assert policy.last_plan is not None  # planned again
+
+
+def test_plans_are_reused_only_where_they_were_made_and_never_when_every_step_is_planned(monkeypatch) -> None:
+    monkeypatch.setattr(AdaptivePolicy, "clock", staticmethod(PlanClock(1e-3)))
+    for settings, planned in ((quiet(goodput_guard=False), [True, False, True]),
+                              (quiet(goodput_guard=False, max_planning_share=None), [True, True, True])):
+        policy = AdaptivePolicy(settings)
+        teach(policy, "a", accepted=4, drafted=4)
+        policy.observe_step(StepTiming(1, 1, 0.01, step_seconds=0.01, num_generated=1))
+        hot = BatchView((view("a"),))
+        cold = BatchView((view("a", temperature=1.0),))  # another temperature bucket: plan it
+        seen = []
+        for batch in (hot, hot, cold):
+            policy.decide(batch)
+            seen.append(policy.last_plan is not None)
+        assert seen == planned

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import Candidate, CostCoefficients, DraftPlan, expected_tokens, plan_batch
+from policies.goodput import best_alone
 
 COEFFS = CostCoefficients(a=8e-3, b=5e-5, c=2.5e-4, d=1.5e-3, e=2e-5)
 
@@ -161,3 +162,27 @@ def test_plan_is_the_exact_optimum_with_hysteresis(pairs, coeffs: CostCoefficien
     plan = plan_batch(candidates, coeffs, prefill, hysteresis)
     chosen = objective(candidates, coeffs, prefill, hysteresis, tuple(zip(plan.ks, plan.proposers, strict=True)))
     assert chosen >= brute_force_goodput(candidates, coeffs, prefill, hysteresis) * (1 - 1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(candidate, coefficients, st.integers(0, 4), st.floats(100.0, 5000.0), st.integers(1, 16))
+def test_best_alone_is_the_best_choice_at_the_price_with_the_rest_of_the_step_fixed(
+        c: Candidate, coeffs: CostCoefficients, passes: int, price: float, batch: int) -> None:
+    """In a speculating step of ``batch`` other requests, one of which drafts ``passes`` tokens with the draft model
+    (none: the draft model does not run), the request's choice maximises its tokens less the price of the seconds
+    it adds; a draft-model draft may not add passes."""
+    def seconds(k: int, proposer: str) -> float:
+        drafts = proposer == "draft" and k > 0
+        users, catch_up = int(passes > 0) + drafts, c.draft_catch_up * expected_tokens(c.alpha_draft, k) * drafts
+        plan = DraftPlan(passes, users, catch_up) if users else None
+        return coeffs.step_seconds(batch + 1, batch + 1 + passes + k, plan, verifies=True)
+
+    def value(k: int, proposer: str) -> float:
+        alpha = c.alpha_draft if proposer == "draft" else c.alpha_ngram
+        return expected_tokens(alpha, k) - price * (seconds(k, proposer) - seconds(0, "draft"))
+
+    options = [(0, "draft")] + [(k, "ngram") for k in range(1, c.max_k_ngram + 1)]
+    options += [(k, "draft") for k in range(1, min(c.max_k_draft, passes) + 1)]
+    chosen = best_alone(c, coeffs, price, passes)
+    assert chosen in options
+    assert value(*chosen) >= max(value(*option) for option in options) - 1e-9 * price

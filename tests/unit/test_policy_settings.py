@@ -68,6 +68,9 @@ def test_verify_cost_coefficients_list_becomes_tuple_and_back() -> None:
         ({"verify_cost_coefficients": [1.0, 2.0]}, "verify_cost_coefficients"),
         ({"verify_cost_coefficients": [0.0, 0.0, 0.0]}, "verify_cost_coefficients"),
         ({"verify_cost_coefficients": [0.01, True, 0.0]}, "verify_cost_coefficients"),
+        ({"max_planning_share": 0.0}, "max_planning_share"),
+        ({"max_planning_share": 1.5}, "max_planning_share"),
+        ({"max_planning_share": "2%"}, "max_planning_share"),
         ({"seed": -3}, "seed"),
     ],
 )
@@ -85,6 +88,11 @@ def test_error_is_a_value_error_and_not_a_mapping_is_rejected() -> None:
 def test_direct_construction_is_validated_too() -> None:
     with pytest.raises(PolicySettingsError, match="k_max"):
         PolicySettings(k_max=True)  # type: ignore[arg-type]
+
+
+def test_planning_every_step_is_null_share() -> None:
+    assert PolicySettings.from_dict({"max_planning_share": None}).max_planning_share is None
+    assert PolicySettings.from_dict({"max_planning_share": 1}).max_planning_share == 1.0
 
 
 def test_k_max_can_be_patched_alone() -> None:
