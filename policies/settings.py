@@ -44,8 +44,8 @@ class PolicySettings:
     goodput_guard: bool = True  # veto speculation at batch sizes where it measurably ran slower than plain decode
     guard_probe_rate: float = 0.05  # chance per step that the guard tries the arm it currently rejects, [0, 1]
     draft_stop_confidence: float = 0.0  # the draft model stops a round early after a token it gave less, [0, 1)
-    ngram_min_match: int = 3  # auto mode considers the n-gram proposer from this match length on, >= 1
-    ngram_long_match: int = 3  # shorter n-gram matches learn their own acceptance ("ngram_short"), >= 1
+    ngram_min_match: int = 1  # auto mode considers the n-gram proposer from this match length on, >= 1
+    ngram_long_match: int = 4  # shorter n-gram matches learn their own acceptance ("ngram_short"), >= 1
     draft_cost_per_token: float | None = None  # seconds per draft pass; overrides the whole draft fit, >= 0
     verify_cost_coefficients: tuple[float, float, float] | None = None  # (a, b, c) s; overrides the target fit
     # share of the step time auto's plans may take, on average: a dearer plan is reused for the steps between, (0, 1];

@@ -180,7 +180,7 @@ def test_high_temperature_lowers_k_at_the_same_history() -> None:
 
 
 def test_repetitive_text_chooses_ngram() -> None:
-    policy = AdaptivePolicy(quiet())
+    policy = AdaptivePolicy(quiet(ngram_min_match=2))
     [alone] = policy.decide(BatchView((view("rep", match=6),)))
     assert alone.proposer == "ngram" and alone.k > 0  # free to propose, so it wins even at the default priors
     teach(policy, "rep", accepted=4, rounds=4, proposer="ngram")
