@@ -3,7 +3,8 @@
 #   1. exactness on CUDA: the gpu-marked greedy and sampling exactness tests (float32);
 #   2. the policy sweep on the GPU (off, adaptive, draft k=4, n-gram k=4), cells in order of value, while time lasts:
 #      first code T=0 at 32 clients, the one cell under target (0.92x draft k=4 on an H100, 2026-11-27; H200,
-#      2026-11-28: 0.93x, then 0.90x n-gram k=4 once decodes merged into verification's attention group); each
+#      2026-11-28: 0.93x, then 0.90x n-gram k=4 once decodes merged into verification's attention group; since
+#      6a5ce25, plan reuse and every n-gram match, the virtual H200 clock reads 0.98-0.99x, unchecked on a GPU); each
 #      cell's log prints adaptive's cost model as measured / predicted seconds per kind of step at its load (is
 #      drafting for all priced dearer than it runs there?) and each policy's own work as a share of its runs (a
 #      GPU's short steps make adaptive's planning dearer), and its JSON keeps the fit and guard figures per run;
