@@ -203,6 +203,7 @@ class AdaptivePolicy(LearningPolicy):
     def reconfigure(self, settings: PolicySettings) -> None:
         if settings.seed != self.settings.seed:
             self._rng = random.Random(settings.seed)
+        self._held = None  # new settings: plan afresh
         super().reconfigure(settings)
 
     def forget(self, request_id: str) -> None:
