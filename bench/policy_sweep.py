@@ -80,7 +80,7 @@ POLICIES = {
 }
 # adaptive policies with other settings, for A/B runs (``--policies``); not run by default, judged like ``adaptive``
 VARIANTS = {
-    "adaptive (long matches)": {"mode": "auto", "ngram_min_match": 3, "ngram_long_match": 3},  # the defaults to 11-28
+    "adaptive (long matches)": {"mode": "auto", "ngram_min_match": 3, "ngram_long_match": 3},  # the old defaults
     "adaptive (hysteresis=0.1)": {"mode": "auto", "hysteresis": 0.1},
     "adaptive (no guard)": {"mode": "auto", "goodput_guard": False},
     "adaptive (plan every step)": {"mode": "auto", "max_planning_share": None},
