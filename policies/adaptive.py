@@ -141,6 +141,7 @@ class AdaptivePolicy(LearningPolicy):
         held = self._held
         if held is not None and held.steps_left and held.made_for == made_for:
             held.steps_left -= 1
+            self.num_reused_plans += 1
             self.last_plan = None
             return self._with_named_proposers(requests, self._held_decisions(held, requests, allowed))
         start = self.clock()

@@ -160,6 +160,7 @@ class PolicyController:
                     "num_request_steps": self._num_request_steps,
                     "plain_decode_fraction": num_plain / self._num_request_steps if self._num_request_steps else None,
                     "by_proposer": dict(self._proposer_counts),
+                    "reused_plan_steps": self._policy.num_reused_plans,  # adaptive: steps that reused a plan
                 },
                 "cost_model": self._learned.cost_model.fit_summary(),
                 "goodput_guard": self._learned.guard.summary(),

@@ -37,6 +37,7 @@ class LearningPolicy:
     """Base of the concrete policies: holds settings and the shared learned state; subclasses decide."""
 
     name = "learning"
+    num_reused_plans = 0  # steps that reused an earlier step's plan instead of planning (the adaptive policy's)
 
     def __init__(self, settings: PolicySettings | None = None, learned: LearnedState | None = None) -> None:
         self.settings = settings or PolicySettings()

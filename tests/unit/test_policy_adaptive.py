@@ -477,7 +477,7 @@ def test_a_plan_dear_against_the_step_is_reused_and_changed_requests_are_decided
         assert a == first[0] and c.proposer == "ngram" and c.k > 0
         assert b == first[1] if match else b.proposer != "ngram" or b.k == 0
     policy.decide(BatchView((view("a"), view("b", match=4), view("c", match=4))))
-    assert policy.last_plan is not None  # planned again
+    assert policy.last_plan is not None and policy.num_reused_plans == 4  # planned again
 
 
 def test_plans_are_reused_only_where_they_were_made_and_never_when_every_step_is_planned(monkeypatch) -> None:
