@@ -172,12 +172,16 @@ class AcceptanceEstimator:
         self._settings = settings
         self._shared.clear()
 
+    def _estimate(self, proposer: str, match_len: int) -> str:
+        """`estimate_key` at the settings' ``ngram_long_match``."""
+        return estimate_key(proposer, match_len, self._settings.ngram_long_match)
+
     def observe(self, outcome: RoundOutcome) -> None:
         if outcome.num_drafted <= 0 or outcome.proposer not in PROPOSERS:
             return
         accepted = max(0, min(outcome.num_accepted, outcome.num_drafted))
         trials = accepted + (1 if accepted < outcome.num_drafted else 0)
-        estimate = estimate_key(outcome.proposer, outcome.ngram_match_len, self._settings.ngram_long_match)
+        estimate = self._estimate(outcome.proposer, outcome.ngram_match_len)
         key = (outcome.request_id, estimate)
         bucket = temperature_bucket(outcome.temperature)
         counts = self._requests.get(key)
@@ -194,7 +198,7 @@ class AcceptanceEstimator:
     def prior(self, proposer: str, temperature: float, match_len: int = 0) -> float:
         """The global rate of ``proposer`` (at this n-gram match length) at this temperature bucket (settings prior
         before data)."""
-        estimate = estimate_key(proposer, match_len, self._settings.ngram_long_match)
+        estimate = self._estimate(proposer, match_len)
         bucket = temperature_bucket(temperature)
         base = self._settings.prior_alpha_draft if proposer == "draft" else self._settings.prior_alpha_ngram
         if estimate == "ngram_short":
@@ -204,13 +208,13 @@ class AcceptanceEstimator:
 
     def is_learned(self, proposer: str, temperature: float, match_len: int = 0) -> bool:
         """Whether the proposer's observed trials at this temperature bucket outweigh the settings prior."""
-        totals = self._totals[estimate_key(proposer, match_len, self._settings.ngram_long_match)]
+        totals = self._totals[self._estimate(proposer, match_len)]
         return totals.per_bucket[temperature_bucket(temperature)].trials >= BUCKET_PRIOR_PSEUDO_TRIALS
 
     def alpha(self, request_id: str, proposer: str, temperature: float, match_len: int = 0) -> float:
         """The request's own decayed rate, blended with the prior during warm-up, floored and capped.
         ``match_len``: of the n-gram match the proposal would use (0: unknown)."""
-        estimate = estimate_key(proposer, match_len, self._settings.ngram_long_match)
+        estimate = self._estimate(proposer, match_len)
         key = (estimate, temperature_bucket(temperature))
         shared = self._shared.get(key)
         if shared is None:
@@ -230,7 +234,7 @@ class AcceptanceEstimator:
 
     def prior_trials(self, proposer: str, temperature: float, match_len: int = 0) -> float:
         """m: how many trials the global rate weighs in a request's estimate (learned, see the module doc)."""
-        estimate = estimate_key(proposer, match_len, self._settings.ngram_long_match)
+        estimate = self._estimate(proposer, match_len)
         return self._dispersion[estimate][temperature_bucket(temperature)].prior_trials
 
     def forget(self, request_id: str) -> None:
