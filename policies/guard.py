@@ -30,7 +30,8 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
 - A rejection stands while plain decode keeps its pace: a move over ``REGIME_SHIFT`` since speculation
   was measured re-measures it (the traffic may have changed).
 - An untried batch-size bucket inherits a rejection from the nearest smaller one at its temperature
-  (extra tokens only get dearer with the batch); temperatures pass no verdicts on.
+  (extra tokens only get dearer with the batch); temperatures pass no verdicts on. Its probe bursts confirm
+  the rejection (the plan may not decline them) until one has measured the bucket.
 - Routes: where the draft route lost and n-gram lookups did not, only n-gram lookups may propose; where
   the draft route is untried or measured and the n-gram route lost, only the draft model may.
 
@@ -246,8 +247,9 @@ class GoodputGuard:
         (it would plan every step for nothing); one under way goes on.
 
         False where a measurement must be made whatever the model says, since the model declining it is no
-        evidence (docs/goodput-guard.md): a rejection's first burst (its confirming probe), a draft route's first
-        figure once begun (the switch into it taken), and a near miss short of ``SURE_SAMPLES``."""
+        evidence (docs/goodput-guard.md): a rejection's first burst (its confirming probe; an inherited rejection's
+        bursts until one has measured the bucket), a draft route's first figure once begun (the switch into it
+        taken), and a near miss short of ``SURE_SAMPLES``."""
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         if self._draft_unsettled(key):
             return False
@@ -326,8 +328,8 @@ class GoodputGuard:
             left = PROBE_LIMIT
             if fallen:  # plain decode as it runs now first: the burst waits for it (below)
                 self._plain_probe_left[key[0]] = PROBE_LIMIT
-            rejected = self._speculative.get(key)
-            confirming = rejected is not None and not rejected.probed
+            rejected = self._speculative.get(key)  # None: inherited from a smaller batch, never measured here
+            confirming = rejected is None or not rejected.probed
             self._probes[key] = Figure(catching_up=key[2] == "draft", confirming=confirming)
             if rejected is not None:  # one boosted burst per rejection, whether or not the plan speculates in it
                 rejected.probed = True
