@@ -9,7 +9,8 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
 
 - The bar: speculation is taken up at 1 + ``REQUIRED_GAIN`` times plain decode's rate, then kept down to
   break-even (each flip costs a draft catch-up, and a ~20-step figure is noisy). A win that falls under
-  break-even is measured again at once, a plain step then a burst, before it is rejected.
+  break-even is measured again at once, a plain step then a burst, before it is rejected; a rejection that
+  re-measurement makes is then probed like any other, its first burst boosted and not declinable.
 - Enough steps: no verdict before ``MIN_SPECULATIVE_SAMPLES`` speculative steps; a near miss (from
   ``NEAR_MISS``) rejects only on ``SURE_SAMPLES``.
 - Like with like: speculation is compared with plain decode at its own mix of batch sizes, each of its
@@ -152,7 +153,6 @@ class GoodputGuard:
         if probe is not None and probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
             self._speculative[key] = self._end_probe(key)
             self._burst_left[key] = 0
-            probe.probed = True
 
     def _stale(self, sampled_at: dict[int, float], bucket: int) -> bool:
         """Whether a sample of the bucket now finds its figure stale (``sampled_at``: when each bucket's was last
@@ -330,7 +330,8 @@ class GoodputGuard:
                 self._plain_probe_left[key[0]] = PROBE_LIMIT
             rejected = self._speculative.get(key)  # None: inherited from a smaller batch, never measured here
             confirming = rejected is None or not rejected.probed
-            self._probes[key] = Figure(catching_up=key[2] == "draft", confirming=confirming)
+            # a fallen win's re-measurement is not a probe of a rejection: should it reject, the rejection is probed
+            self._probes[key] = Figure(catching_up=key[2] == "draft", confirming=confirming, probed=not fallen)
             if rejected is not None:  # one boosted burst per rejection, whether or not the plan speculates in it
                 rejected.probed = True
             if verdict == "remeasure":  # one burst per change of pace, whatever it measures

@@ -918,3 +918,34 @@ def test_what_joining_prompts_cost_restarts_from_a_sample_after_fresh_seconds() 
     guard.observe(joining(step(24, True, 52, 0.080), 2))  # the mean of 60 and 20 ms taken off: 40 ms, as unjoined
     assert guard._speculative[(batch_bucket(24), 0, "draft")].seconds == pytest.approx(0.040, abs=1e-5)
 
+
+
+
+def test_a_rejection_that_a_fallen_wins_remeasurement_made_is_confirmed_like_any() -> None:
+    """A win that falls is measured again at once; should that reject it, the re-measurement was no probe of the
+    rejection, so the rejection's first burst is still to come, boosted, and the plan may not decline it (at 16
+    prose requests, T = 1, a noisy 0.97x re-measurement of a 1.10x draft route stood, its bursts declined by the
+    plan, for two runs while fixed draft k = 2 ran 1.11x faster)."""
+    rng = random.Random(0)
+    guard = GoodputGuard()
+    for _ in range(SURE):
+        guard.observe(step(8, False, 8, 0.010))
+        guard.observe(step(8, True, 9, 0.010))  # 1.125x plain decode
+    assert guard.allowed_proposers(8, 0.0, rng, 0.0) == ALL_PROPOSERS  # a win
+    while not guard.probing(8, 0.0):  # it falls under break-even: measured again at once
+        guard.observe(step(8, True, 7, 0.010))
+        guard.allowed_proposers(8, 0.0, rng, 0.0)
+    guard.observe(step(8, False, 8, 0.010))  # the plain step the re-measurement starts with
+    assert not guard.decline_measurement(8, 0.0)
+    for _ in range(SURE + 1):  # its catch-up and its steps, on to a sure verdict: 0.96x, a near miss, rejects
+        guard.observe(step(8, True, 8, 0.0104))
+        guard.allowed_proposers(8, 0.0, rng, 0.0)
+    assert "draft" not in guard.allowed_proposers(8, 0.0, rng, 0.0)  # rejected
+    while "draft" not in guard.allowed_proposers(8, 0.0, rng, 1.0):  # the rejection's first burst
+        pass
+    assert not guard.decline_measurement(8, 0.0) and guard.measuring_draft(8, 0.0)
+    for _ in range(SURE + 1):  # it misses again, surely: the rejection stands, and its later bursts are declinable
+        guard.observe(step(8, True, 8, 0.0104))
+    while "draft" not in guard.allowed_proposers(8, 0.0, rng, 1.0):
+        pass
+    assert guard.decline_measurement(8, 0.0)
