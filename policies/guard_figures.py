@@ -65,7 +65,7 @@ class Figure:
     plain_seconds: float = 0.0
     paired_measured: bool = False  # the latest step's plain counterpart was measured (not the cost model's)
     plain_reference: float = 0.0  # speculative arms: plain decode's tokens/s at their sizes when last sampled
-    probed: bool = False  # speculative arms: its rejection was probed since it last won (a fallen win's re-measurement: no)
+    probed: bool = False  # speculative arms: its rejection was probed since it last won (not by a re-measurement)
     winning: bool = False  # speculative arms: the verdict acted on last was "speculate"; it holds down to break-even
     catching_up: bool = False  # draft-route probes: the first speculative step (the draft's catch-up) is still due
     confirming: bool = False  # probes: the first of a rejection, which the plan may not decline
