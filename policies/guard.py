@@ -36,8 +36,9 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
 - Routes: where the draft route lost and n-gram lookups did not, only n-gram lookups may propose; where
   the draft route is untried or measured and the n-gram route lost, only the draft model may.
 
-A known weakness: at 17-32 requests, where speculation about breaks even, a figure can read a win that
-sustained speculation does not deliver, and is then held down to break-even.
+Known weaknesses: at 17-32 requests, where speculation about breaks even, a figure can read a win that
+sustained speculation does not deliver, and is then held down to break-even. At 9-16 requests the other way: a
+probe burst can read a loss where sustained speculation wins, and the rejection stands.
 """
 
 from __future__ import annotations
