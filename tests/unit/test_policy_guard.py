@@ -919,8 +919,6 @@ def test_what_joining_prompts_cost_restarts_from_a_sample_after_fresh_seconds() 
     assert guard._speculative[(batch_bucket(24), 0, "draft")].seconds == pytest.approx(0.040, abs=1e-5)
 
 
-
-
 def test_a_rejection_that_a_fallen_wins_remeasurement_made_is_confirmed_like_any() -> None:
     """A win that falls is measured again at once; should that reject it, the re-measurement was no probe of the
     rejection, so the rejection's first burst is still to come, boosted, and the plan may not decline it (at 16
