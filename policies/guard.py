@@ -38,7 +38,7 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
 
 Known weaknesses: at 17-32 requests, where speculation about breaks even, a figure can read a win that
 sustained speculation does not deliver, and is then held down to break-even. At 9-16 requests the other way: a
-probe burst can read a loss where sustained speculation wins, and the rejection stands.
+re-measurement can read a loss where sustained speculation wins, and the rejection stands.
 """
 
 from __future__ import annotations
