@@ -331,10 +331,12 @@ class GoodputGuard:
                 self._plain_probe_left[key[0]] = PROBE_LIMIT
             rejected = self._speculative.get(key)  # None: inherited from a smaller batch, never measured here
             confirming = rejected is None or not rejected.probed
-            # a fallen win's re-measurement is not a probe of a rejection: should it reject, the rejection is probed
-            self._probes[key] = Figure(catching_up=key[2] == "draft", confirming=confirming, probed=not fallen)
-            if rejected is not None:  # one boosted burst per rejection, whether or not the plan speculates in it
-                rejected.probed = True
+            # one boosted burst per rejection, whether or not the plan speculates in it; a fallen win's
+            # re-measurement is none (should it reject, whichever figure then stands, that rejection is probed)
+            probed = not fallen
+            self._probes[key] = Figure(catching_up=key[2] == "draft", confirming=confirming, probed=probed)
+            if rejected is not None:
+                rejected.probed = probed
             if verdict == "remeasure":  # one burst per change of pace, whatever it measures
                 spec = self._speculative[key]
                 spec.plain_reference = self._plain_rate(key[0], spec.sizes)[0] or spec.plain_reference
