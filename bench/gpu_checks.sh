@@ -21,7 +21,7 @@
 # step_stalls 33 s, sweep cells of 4 policies 40-48 s at 8 clients, 61 s at 32, over 110 s at 1 client.
 # H200, 2026-11-28: exactness 27-36 s, a cell of 4 policies x 6 runs at 32 clients 80 s, attention_groups 20 s.
 # Each step has its own time limit and a failed step does not stop the others. Logs and results go to
-# ${OUT:-bench/results/gpu}; results are also tarred there as results.tgz (the device tool returns few files).
+# ${OUT:-bench/results/gpu}; results and logs are tarred there as results.tgz (the device tool returns few files).
 # The device tool takes at most 64 MiB of tracked tree: result JSONs over 100 KB from before 2026-11-28 are kept
 # gzipped (the tree is ~50 MB; bench.sweep_pool reads .json.gz). Should it grow past the limit, gzip more of
 # bench/results.
@@ -34,6 +34,7 @@ PY=${PY:-python3}
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 start=$SECONDS
+stamp=$(mktemp)  # results newer than this are this run's
 
 step() {  # step NAME LIMIT_S COMMAND...: run, log, report rc; never abort the script
     local name=$1 limit=$2
@@ -52,13 +53,16 @@ $PY -c "import torch, transformers; print('torch', torch.__version__, 'transform
 torch.cuda.get_device_name())"
 step exactness 150 $PY -m pytest -q -p no:cacheprovider -m gpu -W ignore::pytest.PytestConfigWarning \
     tests/integration/test_exactness.py tests/integration/test_sampling_exactness.py
-sweep_cell() {  # sweep_cell WORKLOAD TEMPERATURE CONCURRENCY: one policy-sweep cell, if a minute is left
+sweep_cell() {  # sweep_cell WORKLOAD TEMPERATURE CONCURRENCY [SUFFIX POLICIES]: one policy-sweep cell, if a minute is left
     [ "$(left)" -gt 60 ] || return
-    local name=policy_sweep_cuda_${1}_c${3}_t${2//./_}
+    local name=policy_sweep_cuda_${1}_c${3}_t${2//./_}${4:-}
     step "$name" "$(left)" $PY -m bench.policy_sweep --device cuda --dtype bfloat16 --repeats 3 \
-        --policies "draft k=4,ngram k=4" --workloads "$1" --temperatures "$2" --concurrency "$3" --output "$name"
+        --policies "${5:-draft k=4,ngram k=4}" --workloads "$1" --temperatures "$2" --concurrency "$3" --output "$name"
 }
-sweep_cell code 0 32
+# the target cell with the A/B variants: is plan reuse, are short n-gram matches, is the guard worth it on a GPU?
+sweep_cell code 0 32 _variants "draft k=4,ngram k=4,adaptive (plan every step),adaptive (long matches),adaptive (no guard)"
+[ "$(left)" -gt 90 ] && step bf16_divergence 90 $PY -m bench.bf16_divergence --device cuda
+sweep_cell code 0 32  # the target cell again: a second measurement of the same code
 sweep_cell code 0 8
 sweep_cell code 1.0 8
 sweep_cell prose 0.7 8
@@ -68,7 +72,8 @@ sweep_cell prose 0.7 8
     --temperature 0 --concurrency 32 --runs 2 --trace  # every step's times, tokens and passes, for offline analysis
 [ "$(left)" -gt 150 ] && step roofline 150 $PY -m bench.decode --device cuda --dtype bfloat16 --shape llama-3.2-3b \
     --concurrency 1,16 --new-tokens 128
-[ "$(left)" -gt 90 ] && step bf16_divergence 90 $PY -m bench.bf16_divergence --device cuda
 sweep_cell code 0.7 1  # over 110 s on an H100: last
-tar czf "$OUT/results.tgz" bench/results/*cuda* 2>/dev/null  # first_touch, step_stalls, attention groups, sweeps
+# this run's results and logs in one file (the device tool returns at most 8 files); the tails are printed above
+find bench/results -name '*cuda*' -newer "$stamp" -print0 | xargs -0 tar czf "$OUT/results.tgz" "$OUT"/*.log \
+    && rm -f "$OUT"/*.log
 echo "done after $((SECONDS - start))s"
