@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a lent GPU machine (whose python3 holds a CUDA torch; no .venv needed):
-#   1. exactness on CUDA: the gpu-marked greedy and sampling exactness tests (float32);
+#   1. exactness on CUDA: the gpu-marked greedy and sampling exactness tests (float32), and warm-up's linear touches;
 #   2. the policy sweep on the GPU (off, adaptive, draft k=4, n-gram k=4), cells in order of value, while time lasts:
-#      first code T=0 at 32 clients, the one cell under target (0.92x draft k=4 on an H100, 2026-11-27; H200,
-#      2026-11-28: 0.93x, then 0.90x n-gram k=4 once decodes merged into verification's attention group; since
-#      6a5ce25, plan reuse and every n-gram match, the virtual H200 clock reads 0.98-0.99x, unchecked on a GPU); each
-#      cell's log prints adaptive's cost model as measured / predicted seconds per kind of step at its load (is
-#      drafting for all priced dearer than it runs there?) and each policy's own work as a share of its runs (a
-#      GPU's short steps make adaptive's planning dearer), and its JSON keeps the fit and guard figures per run;
+#      first code T=0 at 32 clients, the one cell under target, with the A/B variants (plan every step, long matches,
+#      no guard); then the bf16 flip rate; then the cell again. H200, 2026-11-28 (s41, plan reuse and every n-gram
+#      match): 0.939x [0.922, 0.955] n-gram k=4 over 16 runs in 4 cells, 1.149x off; the virtual clock read
+#      0.98-0.99x. The gap it misses: adaptive met row counts new to the process in every run (2.5% of its second
+#      run, step_stalls), which warm-up now touches on GPUs (`touch_linears`, unmeasured there yet); and its own
+#      work, ~4% of each run against n-gram k=4's ~1.3%. Each cell's log prints adaptive's cost model as measured /
+#      predicted seconds per kind of step at its load and each policy's own work as a share of its runs, and its
+#      JSON keeps the fit and guard figures per run;
 #   3. what one target pass costs by its mix of decodes and verification, with decodes in an attention group of
 #      their own or merged into the verifying requests' (bench/attention_groups.py; merged on GPUs since 2026-11-28);
 #   4. what a shape new to the process costs (bench/first_touch.py: ~50 ms per masked-attention shape with cuDNN);
@@ -20,6 +22,8 @@
 # policies x 3 runs ~110 s. H100, 2026-11-27, without cuDNN attention: exactness 42 s, first_touch 12 s,
 # step_stalls 33 s, sweep cells of 4 policies 40-48 s at 8 clients, 61 s at 32, over 110 s at 1 client.
 # H200, 2026-11-28: exactness 27-36 s, a cell of 4 policies x 6 runs at 32 clients 80 s, attention_groups 20 s.
+# H200, 2026-11-28 (s41): a cell of 7 policies x 3 runs at 32 clients 60 s, of 5 x 5 runs 80 s, bf16 flips 29 s,
+# step_stalls 24 s, roofline 61 s; the 1-client cell did not finish in the 116 s left of a 520 s budget.
 # Each step has its own time limit and a failed step does not stop the others. Logs and results go to
 # ${OUT:-bench/results/gpu}; results and logs are tarred there as results.tgz (the device tool returns few files).
 # The device tool takes at most 64 MiB of tracked tree: result JSONs over 100 KB from before 2026-11-28 are kept
@@ -52,7 +56,7 @@ nvidia-smi -L
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__,
 torch.cuda.get_device_name())"
 step exactness 150 $PY -m pytest -q -p no:cacheprovider -m gpu -W ignore::pytest.PytestConfigWarning \
-    tests/integration/test_exactness.py tests/integration/test_sampling_exactness.py
+    tests/integration/test_exactness.py tests/integration/test_sampling_exactness.py tests/unit/test_llama_parity.py
 sweep_cell() {  # sweep_cell WORKLOAD TEMPERATURE CONCURRENCY [SUFFIX POLICIES]: one policy-sweep cell, if a minute is left
     [ "$(left)" -gt 60 ] || return
     local name=policy_sweep_cuda_${1}_c${3}_t${2//./_}${4:-}

@@ -8,6 +8,8 @@ same tokens, acceptance and policy decisions) in lockstep, but times every step 
     draft model   f + passes * (d + e * draft users) + h * catch-up tokens
     host          the step's work outside both passes, regressed on the H200's traced steps (``--host 0``: none)
     policy        the policy's own measured seconds on this CPU (``--policy-time 0``: none)
+    first touch   ``--first-touch`` ms for a target pass at a token count new to the process (default none: warm-up
+                  touches every count since 2026-11-28, `engine.models.llama.touch_linears`; before, 0.7 on the H200)
 
 The defaults are the H200's fit of 2026-11-28 (bf16, bundled pair). Each policy's cost model learns from the
 virtual times, which are exactly its model's form: where the adaptive policy still trails a fixed one, the cause is
@@ -43,6 +45,9 @@ H200 = {"a": 6.47e-3, "b": 36e-6, "c": 3.6e-6, "g": 1.07e-3, "p": 2e-6,
 HOST = {"batch": 17e-6, "verifies": 58e-6, "drafts": 270e-6, "tokens": 5e-6, "generated": 11e-6}
 
 
+TOUCHED_COUNTS: set[int] = set()  # token counts a target pass of this process has run (see ``--first-touch``)
+
+
 def target_seconds(timing: StepTiming, costs: dict[str, float]) -> float:
     decoded = timing.num_tokens - timing.num_prefill_tokens
     return (costs["a"] + costs["b"] * timing.batch_size + costs["c"] * decoded + costs["p"] * timing.num_prefill_tokens
@@ -66,7 +71,8 @@ class VirtualClock:
     """Makes one engine's policy learn from virtual step times, and keeps the virtual seconds of its current turn
     (the policy's own work aside: `VirtualClients` adds it)."""
 
-    def __init__(self, engine: LLMEngine, costs: dict[str, float], host: float, policy_time: float) -> None:
+    def __init__(self, engine: LLMEngine, costs: dict[str, float], host: float, policy_time: float,
+                 first_touch: float = 0.0) -> None:
         self.turn_seconds = 0.0
         self.stepped = False  # whether the turn's step had decodes (and so a StepTiming)
         controller, stats = engine.policy, engine.stats
@@ -74,6 +80,9 @@ class VirtualClock:
 
         def virtual_observe_step(timing: StepTiming) -> None:
             target, draft = target_seconds(timing, costs), draft_seconds(timing, costs)
+            if timing.num_tokens not in TOUCHED_COUNTS:  # the process's first pass at this count
+                TOUCHED_COUNTS.add(timing.num_tokens)
+                target += first_touch
             seconds = target + draft + host_seconds(timing, host)
             self.turn_seconds += seconds
             self.stepped = True
@@ -114,6 +123,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs after one warm-up run")
     ap.add_argument("--policy-time", type=float, default=1.0, help="charge the policy's own seconds times this")
     ap.add_argument("--host", type=float, default=1.0, help="charge the host's work outside the passes times this")
+    ap.add_argument("--first-touch", type=float, default=0.0,
+                    help="ms charged to a target pass at a token count new to the process (an untouched GPU's)")
     ap.add_argument("--output", default="virtual_clock")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -124,7 +135,8 @@ def main() -> None:
         raise SystemExit(f"--policies: name off and known policies ({', '.join(known)}); unknown: {unknown}")
     engines = make_engines({name: known[name] for name in names}, "float32", "cpu")
     for engine in engines.values():
-        engine.virtual_clock = VirtualClock(engine, H200, args.host, args.policy_time)  # type: ignore[attr-defined]
+        engine.virtual_clock = VirtualClock(engine, H200, args.host, args.policy_time,
+                                             args.first_touch / 1e3)  # type: ignore[attr-defined]
     texts = code_prompts(4 * args.concurrency, max_chars=500) if args.workload == "code" else PROSE
     num_requests = max(32, 4 * args.concurrency)
     prompts, params = cell_traffic(next(iter(engines.values())).tokenizer, texts, num_requests, args.temperature,

@@ -20,7 +20,7 @@ from engine.config import EngineConfig
 from engine.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
 from engine.kv_cache import make_kv_cache
 from engine.model_runner import ModelRunner, SeqChunk
-from engine.models.llama import LlamaModel, touch_packed_linears
+from engine.models.llama import LlamaModel, touch_linears
 from engine.models.loader import load_model, read_config, resolve_checkpoint
 from engine.models.tokenizer import IncrementalDetokenizer, check_compatible, eos_token_ids, load_tokenizer
 from engine.request import Request, RequestStatus
@@ -114,8 +114,8 @@ class LLMEngine:
         3-4.6 ms per verifying step instead of 0): of 3 new engines warmed up without forgetting, then serving
         4 clients of prose at T = 1, all 3 decoded plainly for a whole run (400 steps), as did 4 of 10 warmed
         up by two short greedy requests; with the warm-up forgotten, none of 10 did (one started drafting late).
-        Call it before serving, with no request running. It also has oneDNN build its kernels for every row count a
-        step can feed (`touch_packed_linears`).
+        Call it before serving, with no request running. It also has oneDNN (CPU) or cuBLAS (CUDA) build or pick
+        their kernels for every row count a step can feed (`touch_linears`).
         """
         if self.requests:
             raise RuntimeError("warm_up() needs an idle engine")
@@ -132,7 +132,7 @@ class LLMEngine:
                     self.step()
         for model in (self.model, self.draft_model):
             if model is not None:
-                touch_packed_linears(model, self.config.max_num_batched_tokens)
+                touch_linears(model, self.config.max_num_batched_tokens)
         self.policy.replace(settings)
         self.policy.apply_pending()
         self.policy.forget_learned()

@@ -308,26 +308,40 @@ def padded_rows(rows: int) -> int:
     return -(-rows // 256) * 256
 
 
-_TOUCHED_SHAPES: set[tuple[int, int, torch.dtype, int]] = set()  # (in, out, dtype, rows) run by `touch_packed_linears`
+_TOUCHED_SHAPES: set[tuple] = set()  # (device type, in, out, dtype, bias, rows) run by `touch_linears`
 
 
-def touch_packed_linears(model: nn.Module, max_rows: int) -> None:
-    """Run every :class:`PackedLinear` of ``model`` once at each row count oneDNN will see up to ``max_rows``, so that
-    it builds its kernels now rather than in served steps (none on a GPU, whose models have no packed linears).
+def touch_linears(model: nn.Module, max_rows: int) -> None:
+    """Run each linear shape of ``model`` once at every row count a step can feed up to ``max_rows``, so that the
+    libraries build or pick their kernels now rather than in served steps. Engines of one process share the
+    kernels, so whichever met a count first paid for it, and shapes touched once are not touched again.
 
-    A forward pass at a row count new to the process took 2-3.5 ms more on the bundled target (5.5-25 ms a pass) and
-    2 ms more on the draft (1.3-3.3 ms), once per count. Speculative steps meet the most new counts (k + 1 rows a
-    verifying request, a catch-up's whole lag in the draft's first pass): in a new process, fixed draft k = 2 ran
-    its first run at 8 code clients at 0.96-1.01x ``off`` without this, 1.065-1.075x with it (later runs ~1.07-1.14x).
-    Engines of one process share the kernels, so whichever met a count first paid for it."""
-    counts = sorted({padded_rows(rows) for rows in range(1, max_rows + 1)})
+    CPU: oneDNN builds a kernel per row count its packed linears see (`padded_rows`). A forward pass at a row count
+    new to the process took 2-3.5 ms more on the bundled target (5.5-25 ms a pass) and 2 ms more on the draft
+    (1.3-3.3 ms), once per count. Speculative steps meet the most new counts (k + 1 rows a verifying request, a
+    catch-up's whole lag in the draft's first pass): in a new process, fixed draft k = 2 ran its first run at 8 code
+    clients at 0.96-1.01x ``off`` without this, 1.065-1.075x with it (later runs ~1.07-1.14x). A CPU model without
+    packed linears (MKL's GEMM builds nothing per count) is left alone.
+
+    CUDA: cuBLAS picks a kernel per row count on its first call. On an H200 (bf16, 2026-11-28, bench/first_touch.py)
+    the bundled target's first layer took 0.91 ms at a new count against 0.22 ms repeated, and at 32 code clients
+    (T = 0) the adaptive policy, whose plans feed ever new counts, met 41 in its second run of the same traffic,
+    2.5% of that run's time (bench/step_stalls.py), where fixed policies met none: they had met theirs in the first.
+    Every count up to ``max_rows`` is touched, once per distinct (in, out, dtype, bias) shape."""
+    padded = sorted({padded_rows(rows) for rows in range(1, max_rows + 1)})
+    touches = [(module, module.weight_dtype, torch.device("cpu"), padded)
+               for module in model.modules() if isinstance(module, PackedLinear)]
+    on_cuda = [module for module in model.modules() if isinstance(module, nn.Linear) and module.weight.is_cuda]
+    touches += [(module, module.weight.dtype, module.weight.device, range(1, max_rows + 1)) for module in on_cuda]
     with torch.inference_mode():
-        for linear in (module for module in model.modules() if isinstance(module, PackedLinear)):
-            shape = (linear.in_features, linear.out_features, linear.weight_dtype)
+        for linear, dtype, device, counts in touches:
+            shape = (device.type, linear.in_features, linear.out_features, dtype, linear.bias is not None)
             for rows in counts:
-                if (*shape, rows) not in _TOUCHED_SHAPES:  # oneDNN's kernels are the process's: another engine's count
-                    linear(torch.zeros(rows, linear.in_features, dtype=linear.weight_dtype))
+                if (*shape, rows) not in _TOUCHED_SHAPES:
+                    linear(torch.zeros(rows, linear.in_features, dtype=dtype, device=device))
                     _TOUCHED_SHAPES.add((*shape, rows))
+    if on_cuda:
+        torch.cuda.synchronize()
 
 
 def avoid_cudnn_attention() -> None:

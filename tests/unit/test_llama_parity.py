@@ -190,12 +190,32 @@ def test_packed_linears_are_touched_once_per_row_count_in_a_process(monkeypatch)
     calls: list[int] = []
     original = llama.PackedLinear.forward
     monkeypatch.setattr(llama.PackedLinear, "forward", lambda self, x: calls.append(x.shape[0]) or original(self, x))
-    llama.touch_packed_linears(model, 20)
+    llama.touch_linears(model, 20)
     counts = [*range(1, 17), 20]
     assert sorted(calls) == sorted(counts * 2)  # each row count oneDNN sees up to 20, for both linears
-    assert {(24, 40, torch.float32, rows) for rows in counts} <= llama._TOUCHED_SHAPES
+    assert {("cpu", 24, 40, torch.float32, True, rows) for rows in counts} <= llama._TOUCHED_SHAPES
     calls.clear()
-    llama.touch_packed_linears(model, 20)
+    llama.touch_linears(model, 20)
     assert calls == []
-    llama.touch_packed_linears(torch.nn.Sequential(torch.nn.Linear(24, 40)), 20)  # no packed linears: nothing to do
+    before = set(llama._TOUCHED_SHAPES)
+    llama.touch_linears(torch.nn.Sequential(torch.nn.Linear(24, 40)), 20)  # CPU, no packed linears: nothing to do
+    assert calls == [] and len(llama._TOUCHED_SHAPES) == len(before)
+
+
+@pytest.mark.gpu
+def test_cuda_linears_are_touched_at_every_row_count_once_per_shape(monkeypatch):
+    """On a GPU cuBLAS picks a kernel per row count on first use: warm-up calls each distinct linear shape at every
+    count up to the bound, once in a process."""
+    from engine.models import llama
+
+    monkeypatch.setattr(llama, "_TOUCHED_SHAPES", set())
+    model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.Linear(40, 24), torch.nn.Linear(24, 40)).cuda()
+    calls: list[tuple[int, int]] = []
+    original = torch.nn.Linear.forward
+    monkeypatch.setattr(torch.nn.Linear, "forward",
+                        lambda self, x: calls.append((self.in_features, x.shape[0])) or original(self, x))
+    llama.touch_linears(model, 12)
+    assert sorted(calls) == sorted([(24, rows) for rows in range(1, 13)] + [(40, rows) for rows in range(1, 13)])
+    calls.clear()
+    llama.touch_linears(model, 12)
     assert calls == []
