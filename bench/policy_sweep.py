@@ -85,6 +85,7 @@ VARIANTS = {
     "adaptive (no guard)": {"mode": "auto", "goodput_guard": False},
     "adaptive (plan every step)": {"mode": "auto", "max_planning_share": None},
     "adaptive (k_max=2)": {"mode": "auto", "k_max": 2},  # is the plan's longer k worth its draft passes?
+    "adaptive (no probes)": {"mode": "auto", "guard_probe_rate": 0.0},  # what do the guard's probes cost?
 }
 TWIN, TWIN_OF = "draft k=2 (twin)", "draft k=2"
 OFF_TWIN = "off (twin)"  # a copy of ``off``: the noise control of the ">= 1.0x off" target

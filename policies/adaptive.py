@@ -189,7 +189,7 @@ class AdaptivePolicy(LearningPolicy):
                         allowed: frozenset[str]) -> list[Decision]:
         """Each request's choice in the held plan (its k within the cap now). A request whose options changed since
         (it joined, or an n-gram match came or went) is decided alone, at the plan's price and draft passes.
-        (A held step is what most steps of a GPU's large batches are, so its loop reads each request once.)"""
+        On a GPU most steps of a large batch are held ones, so the step's settings and verdicts are read once."""
         options_of, held_options, previous = self._options_reader(allowed), held.options, self._previous
         decisions = []
         for view in requests:
