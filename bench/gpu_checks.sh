@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, as one script for a lent GPU machine (whose python3 holds a CUDA torch; no .venv needed):
 #   1. exactness on CUDA: the gpu-marked greedy and sampling exactness tests (float32), and warm-up's linear touches;
+#      then what those touches cost at start-up (every row count up to 2048, target and draft);
 #   2. the policy sweep on the GPU (off, adaptive, draft k=4, n-gram k=4), cells in order of value, while time lasts:
 #      first code T=0 at 32 clients, the one cell under target, with the A/B variants (plan every step, long matches,
 #      no guard); then the bf16 flip rate; then the cell again. H200, 2026-11-28 (s41, plan reuse and every n-gram
@@ -57,6 +58,16 @@ $PY -c "import torch, transformers; print('torch', torch.__version__, 'transform
 torch.cuda.get_device_name())"
 step exactness 150 $PY -m pytest -q -p no:cacheprovider -m gpu -W ignore::pytest.PytestConfigWarning \
     tests/integration/test_exactness.py tests/integration/test_sampling_exactness.py tests/unit/test_llama_parity.py
+# what warm-up's linear touches (`touch_linears`, every row count up to the sweep engines' 2048) cost at start-up
+step touch_linears 90 $PY -c "
+import time, torch
+from engine.models.llama import touch_linears
+from engine.models.loader import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
+for path in (DEFAULT_TARGET, DEFAULT_DRAFT):
+    model, _ = load_model(path, torch.bfloat16, torch.device('cuda'))
+    start = time.perf_counter()
+    touch_linears(model, 2048)
+    print(path.name, 'touched 2048 row counts in', round(time.perf_counter() - start, 2), 's')"
 sweep_cell() {  # sweep_cell WORKLOAD TEMPERATURE CONCURRENCY [SUFFIX POLICIES]: one policy-sweep cell, if a minute is left
     [ "$(left)" -gt 60 ] || return
     local name=policy_sweep_cuda_${1}_c${3}_t${2//./_}${4:-}
