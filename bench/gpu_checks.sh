@@ -27,9 +27,9 @@
 # step_stalls 24 s, roofline 61 s; the 1-client cell did not finish in the 116 s left of a 520 s budget.
 # Each step has its own time limit and a failed step does not stop the others. Logs and results go to
 # ${OUT:-bench/results/gpu}; results and logs are tarred there as results.tgz (the device tool returns few files).
-# The device tool takes at most 64 MiB of tracked tree: result JSONs over 100 KB from before 2026-11-28 are kept
-# gzipped (the tree is ~50 MB; bench.sweep_pool reads .json.gz). Should it grow past the limit, gzip more of
-# bench/results.
+# The device tool takes at most 64 MiB of tracked tree: result JSONs over 100 KB from before 2026-11-28, and the sweep
+# rounds' since, are kept gzipped (the tree is ~59 MB; bench.sweep_pool reads .json.gz). Should it grow past the
+# limit, gzip more of bench/results.
 #
 #   OUT=/tmp/gpu BUDGET_S=480 bash bench/gpu_checks.sh
 set -u
