@@ -308,7 +308,7 @@ def padded_rows(rows: int) -> int:
     return -(-rows // 256) * 256
 
 
-_TOUCHED_SHAPES: set[tuple] = set()  # (device type, in, out, dtype, bias, rows) run by `touch_linears`
+_TOUCHED_SHAPES: set[tuple] = set()  # (device, in, out, dtype, bias, rows) run by `touch_linears`
 
 
 def touch_linears(model: nn.Module, max_rows: int) -> None:
@@ -335,7 +335,7 @@ def touch_linears(model: nn.Module, max_rows: int) -> None:
     touches += [(module, module.weight.dtype, module.weight.device, range(1, max_rows + 1)) for module in on_cuda]
     with torch.inference_mode():
         for linear, dtype, device, counts in touches:
-            shape = (device.type, linear.in_features, linear.out_features, dtype, linear.bias is not None)
+            shape = (str(device), linear.in_features, linear.out_features, dtype, linear.bias is not None)
             for rows in counts:
                 if (*shape, rows) not in _TOUCHED_SHAPES:
                     linear(torch.zeros(rows, linear.in_features, dtype=dtype, device=device))
