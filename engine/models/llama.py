@@ -333,9 +333,11 @@ def touch_linears(model: nn.Module, max_rows: int) -> None:
                for module in model.modules() if isinstance(module, PackedLinear)]
     on_cuda = [module for module in model.modules() if isinstance(module, nn.Linear) and module.weight.is_cuda]
     touches += [(module, module.weight.dtype, module.weight.device, range(1, max_rows + 1)) for module in on_cuda]
+    # a model's layers share a few shapes: one module of each is touched
+    shapes = {(str(device), linear.in_features, linear.out_features, dtype, linear.bias is not None):
+              (linear, dtype, device, counts) for linear, dtype, device, counts in touches}
     with torch.inference_mode():
-        for linear, dtype, device, counts in touches:
-            shape = (str(device), linear.in_features, linear.out_features, dtype, linear.bias is not None)
+        for shape, (linear, dtype, device, counts) in shapes.items():
             for rows in counts:
                 if (*shape, rows) not in _TOUCHED_SHAPES:
                     linear(torch.zeros(rows, linear.in_features, dtype=dtype, device=device))
