@@ -101,13 +101,17 @@ def _token_table(alpha: float, cap: int) -> tuple[float, ...]:
 @dataclass
 class _Tables:
     """Per request: the value of plain decode and E[tokens] per k for each proposer (index k, up to its cap),
-    and the draft model's catch-up charged per token it emits drafting (on the true E[tokens], ``draft_true``)."""
+    and the draft model's catch-up charged per token it emits drafting (on the true E[tokens], ``draft_true``).
+    ``bumped``: per request, the k whose entry carries the hysteresis bonus in its previous proposer's table (0:
+    none); beyond it, each table's value less the tokens' price is unimodal in k, so a scan may stop at its peak."""
 
     plain: list[float]
     draft: list[Sequence[float]]
     ngram: list[Sequence[float]]
     catch_up: list[float]
     draft_true: list[Sequence[float]]
+    bumped_draft: list[int]
+    bumped_ngram: list[int]
 
 
 Choice = tuple[list[int], list[bool]]  # per request: k, and whether the draft model proposes (else n-gram)
@@ -142,8 +146,9 @@ def plan_batch(
     # the set-aside requests decode plainly: their tokens are a constant, their fed tokens part of the base
     subset = [candidates[i] for i in active]
     draft_tables = [_token_table(c.alpha_draft, c.max_k_draft) for c in subset]
+    unbumped = [0] * len(subset)
     true = _Tables([1.0] * len(subset), draft_tables, [_token_table(c.alpha_ngram, c.max_k_ngram) for c in subset],
-                   [c.draft_catch_up for c in subset], draft_tables)
+                   [c.draft_catch_up for c in subset], draft_tables, unbumped, unbumped)
     objective = _with_hysteresis(true, subset, bonus)
     if speculate:
         objective.plain = [FORBIDDEN] * len(subset)
@@ -232,7 +237,8 @@ def _cannot_pay(bounds: Sequence[tuple[float, float] | None], plain: Sequence[fl
 
 def _with_hysteresis(true: _Tables, candidates: Sequence[Candidate], bonus: float) -> _Tables:
     """The objective's tables: each request's previous choice counts its expected tokens times ``bonus``."""
-    tables = _Tables(list(true.plain), list(true.draft), list(true.ngram), true.catch_up, true.draft_true)
+    tables = _Tables(list(true.plain), list(true.draft), list(true.ngram), true.catch_up, true.draft_true,
+                     [0] * len(candidates), [0] * len(candidates))
     for i, c in enumerate(candidates):
         if c.previous is None:
             continue
@@ -240,10 +246,12 @@ def _with_hysteresis(true: _Tables, candidates: Sequence[Candidate], bonus: floa
         if k == 0:
             tables.plain[i] *= bonus
             continue
-        per_request = tables.draft if proposer == DRAFT else tables.ngram
+        per_request, bumped = (tables.draft, tables.bumped_draft) if proposer == DRAFT else (tables.ngram,
+                                                                                          tables.bumped_ngram)
         if k < len(per_request[i]):
             table = per_request[i] = list(per_request[i])
             table[k] *= bonus
+            bumped[i] = k
     return tables
 
 
@@ -273,30 +281,36 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
     ngram_ks: list[int] = []  # ... and its n-gram k (0: plain decode)
     nets: list[list[float]] = []  # per request and draft k: its value less the tokens' and catch-up's price
     improved: list[list[int]] = []  # per request: the draft k's that beat every smaller k (the best k <= K_d's)
-    for plain, draft, ngram, catch_up, draft_true in zip(tables.plain, tables.draft, tables.ngram, tables.catch_up,
-                                                         tables.draft_true, strict=True):
+    for plain, draft, ngram, catch_up, draft_true, bumped_draft, bumped_ngram in zip(
+            tables.plain, tables.draft, tables.ngram, tables.catch_up, tables.draft_true, tables.bumped_draft,
+            tables.bumped_ngram, strict=True):
         value, k_ngram = plain, 0
         for k in range(1, len(ngram)):
             drafted = ngram[k] - token_price * k
             if drafted > value:
                 value, k_ngram = drafted, k
+            elif k > bumped_ngram + 1 and drafted <= ngram[k - 1] - token_price * (k - 1):
+                break  # past the peak: no longer k beats it (see `_Tables`)
         values.append(value)
         ngram_ks.append(k_ngram)
         net, firsts = [-math.inf], [0]
         nets.append(net)
         improved.append(firsts)
         tax = tax_rate * catch_up  # per true expected token: the catch-up spread over what it emits
-        best = -math.inf
+        best, settled = -math.inf, len(draft)  # settled: from this pass count on, the best draft k is found
         for passes in range(1, len(draft)):
             drafted = draft[passes] - tax * draft_true[passes] - token_price * passes
             net.append(drafted)
             if drafted > best:
                 best = drafted
                 firsts.append(passes)
+            elif passes > bumped_draft + 1 and drafted <= net[passes - 1]:
+                settled = passes  # past the peak (see `_Tables`): each further pass only costs
+                break
             gain = best - user_price * passes - value
             if gain > 0.0:
                 gains[passes] += gain
-        for passes in range(len(draft), k_top + 1):
+        for passes in range(settled, k_top + 1):
             gain = best - user_price * passes - value
             if gain <= 0.0:
                 break
@@ -353,17 +367,25 @@ def best_alone(candidate: Candidate, coeffs: CostCoefficients, price: float,
     token_price = price * coeffs.c
     best, choice = 1.0, (0, DRAFT)
     ngram = _token_table(candidate.alpha_ngram, candidate.max_k_ngram)
+    last = -math.inf
     for k in range(1, len(ngram)):
         value = ngram[k] - token_price * k
+        if value <= last:
+            break  # past the peak: each value is unimodal in k (see `_Tables`)
         if value > best:
             best, choice = value, (k, NGRAM)
+        last = value
     if draft_passes and candidate.max_k_draft:
         draft = _token_table(candidate.alpha_draft, min(candidate.max_k_draft, draft_passes))
         tax, user_price = price * coeffs.h * candidate.draft_catch_up, price * coeffs.e * draft_passes
+        last = -math.inf
         for k in range(1, len(draft)):
             value = draft[k] * (1.0 - tax) - token_price * k - user_price
+            if value <= last:
+                break
             if value > best:
                 best, choice = value, (k, DRAFT)
+            last = value
     return choice
 
 

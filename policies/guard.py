@@ -23,7 +23,8 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
 - Steps that prompts join count, less what their prompts add to a plain step (measured per bucket and
   prompt token); until that is known, such steps decode plainly. A burst of prompts arriving at once is
   not measured (`measures_step`) and speculates only on a settled winning verdict.
-- Probes keep both arms measured: plain probes, held until a plain step without joining prompts lands;
+- Probes keep both arms measured: plain probes, held until a plain step without joining prompts lands
+  (joined steps meanwhile speculate, unless what prompts cost is ``FRESH_SECONDS`` old: they measure that);
   and for rejected speculation, bursts of ``PROBE_BURST`` speculative steps (at most ``PROBE_LIMIT``
   steps) whose figure replaces the older one. Their rates scale with what they are expected to lose
   (`_probe_scale`). A rejection's first burst comes at ``MAX_PROBE_BOOST`` times the rate, and the plan
@@ -34,7 +35,8 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
   (extra tokens only get dearer with the batch); temperatures pass no verdicts on. Its probe bursts confirm
   the rejection (the plan may not decline them) until one has measured the bucket.
 - Routes: where the draft route lost and n-gram lookups did not, only n-gram lookups may propose; where
-  the draft route is untried or measured and the n-gram route lost, only the draft model may.
+  the draft route is untried or measured and the n-gram route lost, only the draft model may. Where n-gram
+  lookups alone win, the draft route's bar is their rate, not plain decode's (`_bar`).
 
 Known weaknesses: at 17-32 requests, where speculation about breaks even, a figure can read a win that
 sustained speculation does not deliver, and is then held down to break-even. At 9-16 requests the other way: a
@@ -43,6 +45,7 @@ re-measurement can read a loss where sustained speculation wins, and the rejecti
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable
@@ -89,6 +92,7 @@ class GoodputGuard:
     def __init__(self, plain_estimate: PlainEstimate | None = None) -> None:
         """``plain_estimate``: a plain-decode step's seconds per batch size as the cost model predicts them, the
         stand-in for batch sizes whose plain steps are not measured yet (`LearnedState` wires in its cost model)."""
+        self._plain_memo: dict[int, tuple[Callable[[int], float | None], bool]] = {}  # see `_plain_seconds`
         self.plain_estimate = plain_estimate
         self._plain: dict[int, dict[int, Figure]] = {}  # per batch-size bucket, per batch size
         # per batch-size bucket: what prompts joining plain steps added to them, beyond a plain step of the batch size
@@ -108,6 +112,7 @@ class GoodputGuard:
 
         ``temperature``: the mean sampling temperature of the step's requests.
         """
+        self._plain_memo.clear()  # the cost model has learned from this step
         if timing.step_seconds <= 0 or not math.isfinite(timing.step_seconds):
             return
         self._clock += timing.step_seconds
@@ -120,6 +125,7 @@ class GoodputGuard:
             self._plain_probe_left.pop(bucket, None)
             stale = self._stale(self._plain_at, bucket)
             self._plain.setdefault(bucket, {}).setdefault(timing.batch_size, Figure()).add(*sample, stale=stale)
+            self._plain_memo.clear()
             return
         plain_seconds, plain_measured = self._plain_seconds(bucket)
         if timing.num_prefilling:
@@ -222,7 +228,9 @@ class GoodputGuard:
         joining_cost = self._joining.get(batch_bucket(batch_size - joining)) if joining else None
         if measured and joining and (joining_cost is None or joining_cost.samples < MIN_SAMPLES):
             return NO_PROPOSERS  # what joining prompts cost a plain step here is unknown: measure it
-        draft, draft_verdict = self._route_decision((*key, "draft"), rng, probe_rate, measured)
+        # a plain probe measures plain decode on a step without joining prompts, or what they cost once that is old
+        probe_lands = not joining or self._is_old(self._joining_at, batch_bucket(batch_size - joining))
+        draft, draft_verdict = self._route_decision((*key, "draft"), rng, probe_rate, measured, probe_lands)
         if draft == "plain":
             return NO_PROPOSERS
         if draft == "speculate":
@@ -230,11 +238,11 @@ class GoodputGuard:
             # make a step n-gram-only, and such a step is judged by the n-gram route: where that route lost
             # here, only the draft model may propose (at 17-32 requests, a draft route that the plan never
             # used let it make 40% of the steps n-gram-only, at 0.93x plain decode).
-            if draft_verdict != "speculate" and self._route_decision((*key, "ngram"), rng, probe_rate,
-                                                                     measured)[0] == "rejected":
+            if draft_verdict != "speculate" and self._route_decision((*key, "ngram"), rng, probe_rate, measured,
+                                                                     probe_lands)[0] == "rejected":
                 return DRAFT_ONLY
             return ALL_PROPOSERS
-        ngram, _ = self._route_decision((*key, "ngram"), rng, probe_rate, measured)
+        ngram, _ = self._route_decision((*key, "ngram"), rng, probe_rate, measured, probe_lands)
         return NGRAM_ONLY if ngram == "speculate" else NO_PROPOSERS
 
     def probing(self, batch_size: int, temperature: float) -> bool:
@@ -295,10 +303,10 @@ class GoodputGuard:
             return "measure"
         return None
 
-    def _route_decision(self, key: tuple[int, int, str], rng: random.Random, probe_rate: float,
-                        measured: bool) -> tuple[str, str | None]:
+    def _route_decision(self, key: tuple[int, int, str], rng: random.Random, probe_rate: float, measured: bool,
+                        probe_lands: bool = True) -> tuple[str, str | None]:
         """(speculate | plain (a deliberate plain step: it measures the plain arm) | rejected (try a cheaper
-        route), the route's verdict from `_judge`)."""
+        route), the route's verdict from `_judge`); ``probe_lands``: see `_plain_probe`."""
         verdict, vs_plain = self._judge(*key)
         if not measured:
             return ("speculate" if verdict == "speculate" else "rejected"), verdict
@@ -312,7 +320,8 @@ class GoodputGuard:
         if verdict == "measure more":
             return "speculate", verdict
         if verdict == "measure plain":
-            return ("plain" if self._plain_probe(key[0], rng, MEASURE_PLAIN_RATE) else "speculate"), verdict
+            probe = self._plain_probe(key[0], rng, MEASURE_PLAIN_RATE, probe_lands)
+            return ("plain" if probe else "speculate"), verdict
         if verdict == "decode plainly" and not self._speculative[key].probed:
             probe_rate *= MAX_PROBE_BOOST  # sustained speculation lost: a probe checks it soon
         elif verdict is not None:  # the closer the verdict, the more often the other arm is measured
@@ -322,7 +331,7 @@ class GoodputGuard:
         if verdict == "speculate":
             self._speculative[key].probed = False  # should it lose from here on, a probe checks that soon
             # single steps (held until measured), no switching cost
-            return ("plain" if self._plain_probe(key[0], rng, probe_rate) else "speculate"), verdict
+            return ("plain" if self._plain_probe(key[0], rng, probe_rate, probe_lands) else "speculate"), verdict
         # speculation lost here, or is untried here and lost at a smaller batch: probe it in bursts
         left = self._burst_left.get(key, 0)
         if left == 0 and (fallen or verdict == "remeasure" or rng.random() < probe_rate / PROBE_BURST):
@@ -349,22 +358,24 @@ class GoodputGuard:
             self._end_probe(key)
         return ("speculate" if left > 0 else "rejected"), verdict
 
-    def _plain_probe(self, bucket: int, rng: random.Random, rate: float) -> bool:
+    def _plain_probe(self, bucket: int, rng: random.Random, rate: float, lands: bool = True) -> bool:
         """Whether this step decodes plainly to measure plain decode: at ``rate`` or once the bucket's plain figures
         are ``FRESH_SECONDS`` old, and then on until a plain step of the bucket without joining prompts is measured
-        (at most ``PROBE_LIMIT`` steps)."""
+        (at most ``PROBE_LIMIT`` steps). Not where it would not land (``lands=False``: prompts join the step and what
+        they cost is fresh): such a step speculates, and the probe waits for the next."""
         left = self._plain_probe_left.get(bucket, 0)
         if not left and (rng.random() < rate or self._is_old(self._plain_at, bucket)):
             left = PROBE_LIMIT
         if left:
             self._plain_probe_left[bucket] = left - 1
-        return left > 0
+        return left > 0 and lands
 
     def _judge(self, bucket: int, temperature_key: int, route: str) -> tuple[str | None, float | None]:
-        """(verdict, speculation's rate over plain decode's at the same batch sizes or None). The verdict:
-        speculate | decode plainly | measure plain | measure more (a near miss on too few steps) | remeasure (it
-        lost, but plain decode's rate has moved by over ``REGIME_SHIFT`` since); None while speculation here is
-        unmeasured.
+        """(verdict, speculation's rate over its bar's at the same batch sizes or None). The verdict: speculate |
+        decode plainly | measure plain | measure more (a near miss on too few steps) | remeasure (it lost, but plain
+        decode's rate has moved by over ``REGIME_SHIFT`` since); None while speculation here is unmeasured.
+
+        The bar is plain decode's rate; for the draft route, where n-gram lookups alone win here, theirs (`_bar`).
 
         Until plain steps of the bucket are measured, the cost model's plain rate stands in for them: where
         speculation loses even to that, plain steps follow (and measure the plain arm); where it wins, plain
@@ -377,14 +388,26 @@ class GoodputGuard:
         plain_rate, plain_measured = self._plain_rate(bucket, spec.sizes)
         if plain_rate is None:
             return "measure plain", None
-        vs_plain = rate_over_plain(spec, plain_rate, plain_measured)
-        if vs_plain >= (1.0 if spec.winning else 1.0 + REQUIRED_GAIN):
-            return ("speculate" if plain_measured else "measure plain"), vs_plain
-        if vs_plain >= NEAR_MISS and spec.samples < SURE_SAMPLES:
-            return "measure more", vs_plain
+        ratio = rate_over_plain(spec, plain_rate, plain_measured) / self._bar(bucket, temperature_key, route)
+        if ratio >= (1.0 if spec.winning else 1.0 + REQUIRED_GAIN):
+            return ("speculate" if plain_measured else "measure plain"), ratio
+        if ratio >= NEAR_MISS and spec.samples < SURE_SAMPLES:
+            return "measure more", ratio
         if spec.plain_reference and abs(plain_rate / spec.plain_reference - 1.0) > REGIME_SHIFT:
-            return "remeasure", vs_plain
-        return "decode plainly", vs_plain
+            return "remeasure", ratio
+        return "decode plainly", ratio
+
+    def _bar(self, bucket: int, temperature_key: int, route: str) -> float:
+        """What a route's rate over plain decode's must beat: 1, and for the draft route, where n-gram lookups alone
+        win here, their rate over plain decode's. Each route's figure is paired with plain decode as it ran beside
+        it, so the two compare. Judged against plain decode alone, a draft route that ran a little above it but
+        below n-gram lookups alone was measured on and on (a near miss of its bar takes ``SURE_SAMPLES`` steps, a
+        first figure and its confirming burst may not be declined), and held speculation to its pace: on an H200,
+        at 32 code requests, the policy ran 1.00-1.02x without the guard."""
+        if route != "draft":
+            return 1.0
+        verdict, ngram = self._judge(bucket, temperature_key, "ngram")
+        return ngram if verdict == "speculate" and ngram is not None and ngram > 1.0 else 1.0
 
     def _plain_rate(self, bucket: int, sizes: dict[int, float]) -> tuple[float | None, bool]:
         """(plain tokens/s over the batch-size mix ``sizes`` of the bucket or None, whether plain decode was
@@ -392,14 +415,37 @@ class GoodputGuard:
         seconds, measured = self._plain_seconds(bucket)
         return mix_rate(sizes, seconds), measured
 
+    @property
+    def plain_estimate(self) -> PlainEstimate | None:
+        return self._plain_estimate
+
+    @plain_estimate.setter
+    def plain_estimate(self, estimate: PlainEstimate | None) -> None:
+        self._plain_estimate = estimate
+        self.plain_estimate_changed()
+
+    def plain_estimate_changed(self) -> None:
+        """The cost model behind `plain_estimate` changed outside a step (new settings)."""
+        self._plain_memo.clear()
+
     def _plain_seconds(self, bucket: int) -> tuple[Callable[[int], float | None], bool]:
         """(batch size -> a plain step's seconds, whether any size of the bucket is measured). A size's time: as
-        measured; else the cost model's times the model's error at the bucket's measured sizes; else None."""
+        measured; else the cost model's times the model's error at the bucket's measured sizes; else None. Kept
+        per bucket while neither the plain figures nor the cost model change, from one observed step to the next:
+        a step asks for it 2-3 times, each over up to 16 batch sizes."""
+        memo = self._plain_memo.get(bucket)
+        if memo is None:
+            memo = self._plain_memo[bucket] = self._plain_step_seconds(bucket)
+        return memo
+
+    def _plain_step_seconds(self, bucket: int) -> tuple[Callable[[int], float | None], bool]:
+        """`_plain_seconds`, worked out."""
         arms = self._plain.get(bucket, {})
         measured = {size: arm.seconds for size, arm in arms.items() if arm.samples >= MIN_SAMPLES}
         estimate = self.plain_estimate
         calibration: float | None = None  # computed at the first unmeasured size: most often none is asked for
 
+        @functools.cache
         def seconds(size: int) -> float | None:
             nonlocal calibration
             if size in measured:

@@ -51,6 +51,7 @@ class LearningPolicy:
         self.settings = settings
         self.acceptance.configure(settings)
         self.cost_model.configure(settings.verify_cost_coefficients, settings.draft_cost_per_token)
+        self.guard.plain_estimate_changed()
 
     def decide(self, batch: BatchView) -> list[Decision]:
         raise NotImplementedError

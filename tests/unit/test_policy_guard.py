@@ -488,6 +488,27 @@ def test_n_gram_speculation_is_judged_apart_from_the_draft_model() -> None:
     assert allowed_fraction(guard, 32, 0.0, proposer="ngram") == 0.0
 
 
+def test_the_draft_route_must_beat_n_gram_lookups_alone_where_they_win() -> None:
+    """Where n-gram lookups alone win, the draft model's steps must beat them, not just plain decode: a draft route
+    that ran a little above plain decode but below n-gram lookups alone was measured on and on, and held speculation
+    to its pace (on an H200 at 32 code requests, the policy ran 1.00-1.02x faster without the guard)."""
+    guard, rng = GoodputGuard(), random.Random(0)
+    for _ in range(SURE):
+        guard.observe(step(32, False, 32, 0.010))  # plain: 3200 tokens/s
+        guard.observe(step(32, True, 38, 0.010))  # the draft route: 3800 tokens/s, 1.19x plain decode
+    assert guard.allowed_proposers(32, 0.0, rng, 0.0) == ALL_PROPOSERS  # n-gram lookups alone are untried
+    for _ in range(SAMPLES):
+        guard.observe(step(32, True, 44, 0.010, route="ngram"))  # 4400 tokens/s, 1.38x plain decode
+    [bucket] = guard.summary()
+    assert bucket["speculative"]["draft"]["T=0"]["vs_plain"] == pytest.approx(1.1875)  # still reported as it ran
+    # it lost to n-gram lookups alone: a win that fell, measured again at once (one burst), then rejected ...
+    assert allowed_fraction(guard, 32, 0.0, proposer="draft") <= PROBE_LIMIT / 4000
+    assert allowed_fraction(guard, 32, 0.0, proposer="ngram") == 1.0  # ... which propose alone
+    for _ in range(100):
+        guard.observe(step(32, True, 30, 0.010, route="ngram"))  # n-gram lookups stop paying: plain decode is the bar
+    assert guard._judge(batch_bucket(32), 0, "draft")[1] == pytest.approx(1.1875)
+
+
 def test_an_untried_draft_route_does_not_let_the_plan_run_a_rejected_n_gram_route() -> None:
     """Where the plan has not used the draft model yet, the steps it makes n-gram-only are n-gram route steps:
     if that route lost here, only the draft model may propose (in the sweep, 40% of the steps at 17-32
@@ -875,6 +896,28 @@ def test_a_plain_probe_holds_until_a_plain_step_without_joining_prompts_measures
     for _ in range(PROBE_LIMIT - 1):  # never measured: it ends after PROBE_LIMIT steps
         assert not fresh.allowed_proposers(32, 0.0, rng, 0.0)
     assert "draft" in fresh.allowed_proposers(32, 0.0, rng, 0.0)
+
+
+def test_a_waiting_plain_probe_lets_steps_prompts_join_speculate_while_what_they_cost_is_fresh() -> None:
+    """A plain step that prompts join measures only what they cost, not plain decode: while that is fresh, such
+    steps speculate and the probe waits for a step without them (at 32 code clients, a third of the plain probes'
+    steps were joined ones, ~10% slower each than speculating); once it is FRESH_SECONDS old, they decode plainly."""
+    guard, rng = winning_at_32(), random.Random(0)
+    for _ in range(MIN_SAMPLES):
+        guard.observe(joining(step(32, False, 32, 0.030), 1))  # what a joining prompt costs: measured, fresh
+    while guard.allowed_proposers(32, 0.0, rng, 1.0):  # until a plain probe
+        pass
+    for _ in range(3):  # the probe waits: joined steps speculate
+        assert "draft" in guard.allowed_proposers(32, 0.0, rng, 0.0, joining=1)
+        guard.observe(joining(step(32, True, 64, 0.030), 1))
+    assert not guard.allowed_proposers(32, 0.0, rng, 0.0)  # a step without joins decodes plainly: the probe lands
+    guard.observe(step(32, False, 32, 0.020))
+    assert "draft" in guard.allowed_proposers(32, 0.0, rng, 0.0)
+    for _ in range(round(FRESH_SECONDS / 0.020)):  # what joining costs is now old ...
+        guard.observe(step(32, True, 64, 0.020))
+    while guard.allowed_proposers(32, 0.0, rng, 1.0):
+        pass
+    assert not guard.allowed_proposers(32, 0.0, rng, 0.0, joining=1)  # ... so a joined step measures it plainly
 
 
 @pytest.mark.parametrize(("speculative_steps", "low", "high"),
