@@ -306,7 +306,7 @@ class GoodputGuard:
                         probe_lands: bool = True) -> tuple[str, str | None]:
         """(speculate | plain (a deliberate plain step: it measures the plain arm) | rejected (try a cheaper
         route), the route's verdict from `_judge`); ``probe_lands``: see `_plain_probe`."""
-        verdict, ratio = self._judge(*key)
+        verdict, vs_plain = self._judge(*key)
         if not measured:
             return ("speculate" if verdict == "speculate" else "rejected"), verdict
         fallen = False
@@ -324,7 +324,7 @@ class GoodputGuard:
         if verdict == "decode plainly" and not self._speculative[key].probed:
             probe_rate *= MAX_PROBE_BOOST  # sustained speculation lost: a probe checks it soon
         elif verdict is not None:  # the closer the verdict, the more often the other arm is measured
-            probe_rate *= _probe_scale(ratio, self._catch_up.get(key[0], 0.0) if key[2] == "draft" else 0.0,
+            probe_rate *= _probe_scale(vs_plain, self._catch_up.get(key[0], 0.0) if key[2] == "draft" else 0.0,
                                        burst_loss=self._burst_loss.get(key),
                                        winning=verdict == "speculate")
         if verdict == "speculate":
@@ -386,14 +386,14 @@ class GoodputGuard:
         plain_rate, plain_measured = self._plain_rate(bucket, spec.sizes)
         if plain_rate is None:
             return "measure plain", None
-        ratio = rate_over_plain(spec, plain_rate, plain_measured)
-        if ratio >= (1.0 if spec.winning else 1.0 + REQUIRED_GAIN):
-            return ("speculate" if plain_measured else "measure plain"), ratio
-        if ratio >= NEAR_MISS and spec.samples < SURE_SAMPLES:
-            return "measure more", ratio
+        vs_plain = rate_over_plain(spec, plain_rate, plain_measured)
+        if vs_plain >= (1.0 if spec.winning else 1.0 + REQUIRED_GAIN):
+            return ("speculate" if plain_measured else "measure plain"), vs_plain
+        if vs_plain >= NEAR_MISS and spec.samples < SURE_SAMPLES:
+            return "measure more", vs_plain
         if spec.plain_reference and abs(plain_rate / spec.plain_reference - 1.0) > REGIME_SHIFT:
-            return "remeasure", ratio
-        return "decode plainly", ratio
+            return "remeasure", vs_plain
+        return "decode plainly", vs_plain
 
     def _plain_rate(self, bucket: int, sizes: dict[int, float]) -> tuple[float | None, bool]:
         """(plain tokens/s over the batch-size mix ``sizes`` of the bucket or None, whether plain decode was
