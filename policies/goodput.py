@@ -246,8 +246,10 @@ def _with_hysteresis(true: _Tables, candidates: Sequence[Candidate], bonus: floa
         if k == 0:
             tables.plain[i] *= bonus
             continue
-        per_request, bumped = (tables.draft, tables.bumped_draft) if proposer == DRAFT else (tables.ngram,
-                                                                                          tables.bumped_ngram)
+        if proposer == DRAFT:
+            per_request, bumped = tables.draft, tables.bumped_draft
+        else:
+            per_request, bumped = tables.ngram, tables.bumped_ngram
         if k < len(per_request[i]):
             table = per_request[i] = list(per_request[i])
             table[k] *= bonus
@@ -284,13 +286,14 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
     for plain, draft, ngram, catch_up, draft_true, bumped_draft, bumped_ngram in zip(
             tables.plain, tables.draft, tables.ngram, tables.catch_up, tables.draft_true, tables.bumped_draft,
             tables.bumped_ngram, strict=True):
-        value, k_ngram = plain, 0
+        value, k_ngram, last = plain, 0, -math.inf
         for k in range(1, len(ngram)):
             drafted = ngram[k] - token_price * k
             if drafted > value:
                 value, k_ngram = drafted, k
-            elif k > bumped_ngram + 1 and drafted <= ngram[k - 1] - token_price * (k - 1):
+            elif k > bumped_ngram + 1 and drafted <= last:
                 break  # past the peak: no longer k beats it (see `_Tables`)
+            last = drafted
         values.append(value)
         ngram_ks.append(k_ngram)
         net, firsts = [-math.inf], [0]
