@@ -16,7 +16,8 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
 - Like with like: speculation is compared with plain decode at its own mix of batch sizes, each of its
   steps paired with a plain step of that size as plain decode ran at that moment (where a size is
   unmeasured, the cost model's time scaled by its error in the bucket). Plain figures go stale after
-  ``FRESH_SECONDS`` of steps; the next sample restarts them.
+  ``FRESH_SECONDS`` of steps; the next sample restarts them, and moves the bucket's other sizes by the pace it
+  measured (`carry_pace`).
 - Catch-up counts: steps where the draft model caught up on tokens it missed are measured like any,
   except the switch into speculation (a first figure's first step, a probe's first speculative step),
   a cost that sustained speculation does not pay.
@@ -58,6 +59,7 @@ from policies.guard_figures import (
     average_in,
     batch_bucket,
     bucket_sizes,
+    carry_pace,
     measures_step,
     mix_rate,
     rate_over_plain,
@@ -123,7 +125,11 @@ class GoodputGuard:
         if not timing.speculative and not timing.num_prefilling:
             self._plain_probe_left.pop(bucket, None)
             stale = self._stale(self._plain_at, bucket)
-            self._plain.setdefault(bucket, {}).setdefault(timing.batch_size, Figure()).add(*sample, stale=stale)
+            figures = self._plain.setdefault(bucket, {})
+            figure = figures.setdefault(timing.batch_size, Figure())
+            if stale:
+                carry_pace(figures, figure, timing.step_seconds)
+            figure.add(*sample, stale=stale)
             self._plain_memo.clear()
             return
         plain_seconds, plain_measured = self._plain_seconds(bucket)

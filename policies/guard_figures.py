@@ -97,6 +97,22 @@ class Figure:
         return self.plain_tokens / self.plain_seconds if self.plain_seconds > 0 else 0.0
 
 
+def carry_pace(figures: dict[int, Figure], sampled: Figure, seconds: float) -> None:
+    """A stale bucket's plain sample (``seconds`` at ``sampled``'s batch size, not yet added) measures the pace now:
+    move the bucket's other batch sizes' figures as far as the sample moves its own (it weighs half against a stale
+    figure), and let each count as one sample against its own next one. Left at the old pace, they paired
+    speculative steps at their sizes with it: after the host's pace doubled mid-run at 32 code requests, T = 1, the
+    draft route read 1.35-2.43x plain decode while its runs read 0.87x ``off``."""
+    if sampled.samples == 0 or sampled.seconds <= 0:
+        return
+    w, _ = _sample_weight(sampled.averaged, stale=True)
+    factor = 1.0 + w * (seconds / sampled.seconds - 1.0)
+    for figure in figures.values():
+        if figure is not sampled:
+            figure.seconds *= factor
+            figure.averaged = min(figure.averaged, 1)
+
+
 @dataclass
 class JoiningCost:
     """What prompts joining plain steps added to them: seconds per prompt token (prompts differ in length by up to

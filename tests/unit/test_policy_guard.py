@@ -913,6 +913,25 @@ def test_a_plain_sample_after_long_speculation_restarts_its_batch_sizes_figure(s
     assert low < bucket["plain"]["tokens_per_s"] < high
 
 
+def test_a_stale_plain_sample_moves_its_buckets_other_batch_sizes_by_the_pace_it_measured() -> None:
+    """A stale bucket's plain sample restarts its own size's figure, and the bucket's other sizes move as far: left
+    at the old pace, speculative steps at those sizes were paired with it (after a change of the host's pace at 32
+    code requests, the draft route read 1.35-2.43x plain decode while its runs read 0.87x ``off``)."""
+    guard = GoodputGuard()
+    for _ in range(4 * MIN_SAMPLES):
+        guard.observe(step(20, False, 20, 0.040))
+        guard.observe(step(30, False, 30, 0.040))
+    for _ in range(round(FRESH_SECONDS / 0.040) + 1):
+        guard.observe(step(30, True, 60, 0.060))
+    guard.observe(step(20, False, 20, 0.020))  # the host now runs twice as fast
+    [bucket] = guard.summary()
+    # both sizes half way to the new pace: 50 tokens in 30 + 30 ms (left at 40 ms, size 30 would give 714 tokens/s)
+    assert bucket["plain"]["tokens_per_s"] == pytest.approx(50 / 0.060)
+    guard.observe(step(30, False, 30, 0.020))  # size 30's own next sample weighs half against the moved figure
+    [bucket] = guard.summary()
+    assert bucket["plain"]["tokens_per_s"] == pytest.approx(50 / (0.030 + 0.025))
+
+
 def test_winning_speculation_measures_plain_decode_once_its_plain_figure_is_fresh_seconds_old() -> None:
     """However clearly speculation wins, its bucket takes a plain sample every FRESH_SECONDS: the winning figure is
     paired with plain decode's, and a plain figure from another pace made speculation read 2.3x plain decode at 32
