@@ -36,7 +36,8 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
   (extra tokens only get dearer with the batch); temperatures pass no verdicts on. Its probe bursts confirm
   the rejection (the plan may not decline them) until one has measured the bucket.
 - Routes: where the draft route lost and n-gram lookups did not, only n-gram lookups may propose; where
-  the draft route is untried or measured and the n-gram route lost, only the draft model may.
+  the draft route is untried or measured and the n-gram route lost, only the draft model may. From 9
+  requests on, where n-gram lookups alone win, the draft route's bar is their rate, not plain decode's (`_bar`).
 
 Known weaknesses: at 17-32 requests, where speculation about breaks even, a figure can read a win that
 sustained speculation does not deliver, and is then held down to break-even. At 9-16 requests the other way: a
@@ -76,6 +77,7 @@ SURE_SAMPLES = 2 * MIN_SPECULATIVE_SAMPLES  # speculative steps before a near mi
 NEAR_MISS = 1.0 - 2 * REQUIRED_GAIN  # speculation at or above this ratio to plain decode only just missed its bar
 REGIME_SHIFT = 0.2  # plain decode's rate moved this much since rejected speculation was measured: measure it again
 FRESH_SECONDS = 2.0  # a bucket's plain figures are stale after this many seconds of steps without a sample of theirs
+NGRAM_BAR_BUCKET = 4  # from this batch-size bucket (9-16 requests) on, the draft route must beat winning n-gram lookups
 ALL_PROPOSERS: frozenset[str] = frozenset(PROPOSERS)
 NO_PROPOSERS: frozenset[str] = frozenset()
 DRAFT_ONLY: frozenset[str] = frozenset({"draft"})
@@ -312,7 +314,7 @@ class GoodputGuard:
                         probe_lands: bool = True) -> tuple[str, str | None]:
         """(speculate | plain (a deliberate plain step: it measures the plain arm) | rejected (try a cheaper
         route), the route's verdict from `_judge`); ``probe_lands``: see `_plain_probe`."""
-        verdict, vs_plain = self._judge(*key)
+        verdict, ratio = self._judge(*key)
         if not measured:
             return ("speculate" if verdict == "speculate" else "rejected"), verdict
         fallen = False
@@ -330,7 +332,7 @@ class GoodputGuard:
         if verdict == "decode plainly" and not self._speculative[key].probed:
             probe_rate *= MAX_PROBE_BOOST  # sustained speculation lost: a probe checks it soon
         elif verdict is not None:  # the closer the verdict, the more often the other arm is measured
-            probe_rate *= _probe_scale(vs_plain, self._catch_up.get(key[0], 0.0) if key[2] == "draft" else 0.0,
+            probe_rate *= _probe_scale(ratio, self._catch_up.get(key[0], 0.0) if key[2] == "draft" else 0.0,
                                        burst_loss=self._burst_loss.get(key),
                                        winning=verdict == "speculate")
         if verdict == "speculate":
@@ -376,10 +378,10 @@ class GoodputGuard:
         return left > 0 and lands
 
     def _judge(self, bucket: int, temperature_key: int, route: str) -> tuple[str | None, float | None]:
-        """(verdict, speculation's rate over plain decode's at the same batch sizes or None). The verdict:
-        speculate | decode plainly | measure plain | measure more (a near miss on too few steps) | remeasure (it
-        lost, but plain decode's rate has moved by over ``REGIME_SHIFT`` since); None while speculation here is
-        unmeasured.
+        """(verdict, speculation's rate over its bar's at the same batch sizes or None). The verdict: speculate |
+        decode plainly | measure plain | measure more (a near miss on too few steps) | remeasure (it lost, but
+        plain decode's rate has moved by over ``REGIME_SHIFT`` since); None while speculation here is unmeasured.
+        The bar is plain decode's rate, or for the draft route sometimes n-gram lookups' (`_bar`).
 
         Until plain steps of the bucket are measured, the cost model's plain rate stands in for them: where
         speculation loses even to that, plain steps follow (and measure the plain arm); where it wins, plain
@@ -392,14 +394,27 @@ class GoodputGuard:
         plain_rate, plain_measured = self._plain_rate(bucket, spec.sizes)
         if plain_rate is None:
             return "measure plain", None
-        vs_plain = rate_over_plain(spec, plain_rate, plain_measured)
-        if vs_plain >= (1.0 if spec.winning else 1.0 + REQUIRED_GAIN):
-            return ("speculate" if plain_measured else "measure plain"), vs_plain
-        if vs_plain >= NEAR_MISS and spec.samples < SURE_SAMPLES:
-            return "measure more", vs_plain
+        ratio = rate_over_plain(spec, plain_rate, plain_measured) / self._bar(bucket, temperature_key, route)
+        if ratio >= (1.0 if spec.winning else 1.0 + REQUIRED_GAIN):
+            return ("speculate" if plain_measured else "measure plain"), ratio
+        if ratio >= NEAR_MISS and spec.samples < SURE_SAMPLES:
+            return "measure more", ratio
         if spec.plain_reference and abs(plain_rate / spec.plain_reference - 1.0) > REGIME_SHIFT:
-            return "remeasure", vs_plain
-        return "decode plainly", vs_plain
+            return "remeasure", ratio
+        return "decode plainly", ratio
+
+    def _bar(self, bucket: int, temperature_key: int, route: str) -> float:
+        """What the route's rate over plain decode's must beat: 1; for the draft route from ``NGRAM_BAR_BUCKET``
+        on, where n-gram lookups alone win, their rate over plain decode's (each figure is paired with plain
+        decode as it ran beside it, so the two compare). Judged against plain decode alone, a draft route that
+        ran a little above it but below n-gram lookups alone held speculation to its own pace. Not below 9
+        requests: there a route's figure depends most on the plan's choice of route (at one code client the
+        steps given to n-gram lookups, long matches, read 2.36x plain and vetoed a draft model that ran 1.43x
+        off alone; docs/goodput-guard.md)."""
+        if route != "draft" or bucket < NGRAM_BAR_BUCKET:
+            return 1.0
+        verdict, ngram = self._judge(bucket, temperature_key, "ngram")
+        return ngram if verdict == "speculate" and ngram is not None and ngram > 1.0 else 1.0
 
     def _plain_rate(self, bucket: int, sizes: dict[int, float]) -> tuple[float | None, bool]:
         """(plain tokens/s over the batch-size mix ``sizes`` of the bucket or None, whether plain decode was
