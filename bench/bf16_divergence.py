@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.common import RESULTS, make_engine, save, set_policy, table
+from bench.common import make_engine, save, save_plot, set_policy, table
 from bench.prompts import PROSE, code_prompts
 from engine.engine import LLMEngine
 from engine.types import SamplingParams
@@ -101,7 +101,7 @@ def plot(rows: list[dict], name: str) -> None:
     ax.set_ylabel("requests identical to batch-1 plain")
     ax.set_ylim(0, 1.05)
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{name}.png", dpi=110)
+    save_plot(fig, name, dpi=110)
 
 
 if __name__ == "__main__":

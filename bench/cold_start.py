@@ -48,7 +48,7 @@ import time
 
 import torch
 
-from bench.common import RESULTS, run_engines_lockstep, save, set_policy, table
+from bench.common import run_engines_lockstep, save, save_plot, set_policy, table
 from bench.policy_sweep import POLICIES, cell_traffic, sweep_engine
 from bench.prompts import PROSE, code_prompts
 from engine.engine import LLMEngine
@@ -144,7 +144,7 @@ def plot(rows: list[dict], output: str) -> None:
     ax.set_ylabel("throughput ratio")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{output}.png", dpi=110)
+    save_plot(fig, output, dpi=110)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import RESULTS, hf_generate, load_hf, make_engine, median_rate, run_engine, save, set_policy, table
+from bench.common import hf_generate, load_hf, make_engine, median_rate, run_engine, save, save_plot, set_policy, table
 from bench.prompts import code_prompts
 from bench.random_model import SHAPES, random_prompts, write_random_checkpoint
 from engine.models.loader import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -120,7 +120,7 @@ def plot(rows: list[dict], batch1: dict, name: str) -> None:
     b.legend()
     b.set_title("throughput")
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{name}.png", dpi=120)
+    save_plot(fig, name, dpi=120)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ import statistics
 
 import torch
 
-from bench.common import RESULTS, RunResult, make_engine, run_engines_lockstep, save, set_policy, table
+from bench.common import RunResult, make_engine, run_engines_lockstep, save, save_plot, set_policy, table
 from bench.prompts import PROSE, code_prompts
 from engine.engine import LLMEngine
 from engine.types import SamplingParams
@@ -361,7 +361,7 @@ def plot(rows: list[dict], output: str) -> None:
     axes[0].set_ylabel("throughput vs off")
     axes[-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{output}.png", dpi=110)
+    save_plot(fig, output, dpi=110)
 
 
 if __name__ == "__main__":

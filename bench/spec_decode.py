@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from bench.common import RESULTS, hf_generate, load_hf, make_engine, run_engine, save, set_policy, table
+from bench.common import hf_generate, load_hf, make_engine, run_engine, save, save_plot, set_policy, table
 from bench.prompts import PROSE, code_prompts
 from engine.models.loader import DEFAULT_DRAFT
 from engine.types import SamplingParams
@@ -120,7 +120,7 @@ def plot(rows: list[dict], name: str) -> None:
         ax.tick_params(axis="x", rotation=75)
     axes[0].set_ylabel("tokens/s (batch 1)")
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{name}.png", dpi=110)
+    save_plot(fig, name, dpi=110)
 
 
 if __name__ == "__main__":

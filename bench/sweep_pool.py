@@ -30,7 +30,7 @@ from pathlib import Path
 
 from scipy import stats
 
-from bench.common import RESULTS, save, table
+from bench.common import save, save_plot, table
 from bench.policy_sweep import OFF_TWIN, TWIN
 
 CONTROLS = ("off", "adaptive", TWIN, OFF_TWIN)  # never the "best fixed" policy
@@ -161,7 +161,7 @@ def plot(cells: list[dict], output: str) -> None:
     axes[0][0].set_ylabel("throughput vs off (pooled, with interval)")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{output}.png", dpi=110)
+    save_plot(fig, output, dpi=110)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import statistics
 
 import torch
 
-from bench.common import _Clients, run_engines_lockstep, save, table
+from bench.common import _Clients, run_engines_lockstep, save, save_plot, table
 from bench.policy_sweep import POLICIES, VARIANTS, cell_traffic, make_engines
 from bench.prompts import PROSE, code_prompts
 from engine.engine import LLMEngine
@@ -166,8 +166,6 @@ def plot(rows: list[dict], args: argparse.Namespace) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bench.common import RESULTS
-
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.bar([row["policy"] for row in rows], [row["vs_off"] for row in rows], color="tab:blue")
     ax.axhline(1.0, color="grey", lw=0.8)
@@ -175,7 +173,7 @@ def plot(rows: list[dict], args: argparse.Namespace) -> None:
     ax.set_title(f"{args.workload} T={args.temperature} c={args.concurrency}, policy time x{args.policy_time}")
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{args.output}.png", dpi=110)
+    save_plot(fig, args.output, dpi=110)
 
 
 if __name__ == "__main__":
