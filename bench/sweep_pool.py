@@ -15,7 +15,8 @@ and a t-interval (95% by default) for
     .venv/bin/python -m bench.sweep_pool bench/results/s11_hold_code.json bench/results/s11_hold_prose.json \\
         bench/results/s12_twin_high_code.json --output pooled
 
-Sweeps must share their traffic settings and host (checked); pool only sweeps of the same policy code.
+Sweeps must share their traffic settings and host (checked); pool only sweeps of the same policy code. An A/B sweep's
+rounds pool too: its variants ("adaptive (...)", bench/policy_sweep.py's ``VARIANTS``) are never the best fixed policy.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from scipy import stats
 from bench.common import save, save_plot, table
 from bench.policy_sweep import OFF_TWIN, TWIN
 
-CONTROLS = ("off", "adaptive", TWIN, OFF_TWIN)  # never the "best fixed" policy
+CONTROLS = ("off", "adaptive", TWIN, OFF_TWIN)  # never the "best fixed" policy, nor A/B variants ("adaptive (...)")
 SAME_IN_ALL = ("new_tokens", "length_spread", "requests_per_client", "min_requests", "device", "dtype", "threads")
 
 Cell = tuple[str, float, int]  # workload, temperature, concurrency
@@ -87,7 +88,7 @@ def paired(rounds: list[Round], policy: str, other: str, confidence: float) -> d
 
 
 def summarize(cell: Cell, rounds: list[Round], confidence: float) -> dict:
-    names = {name for r in rounds for name in r} - set(CONTROLS)
+    names = {name for r in rounds for name in r if not name.startswith("adaptive")} - set(CONTROLS)
     fixed = {name: vs_off for name in names if (vs_off := paired(rounds, name, "off", confidence))}
     if not fixed:
         raise SystemExit(f"{cell}: no fixed policy ran two rounds or more beside off")

@@ -41,6 +41,16 @@ def test_rounds_pool_across_sweeps_and_stay_paired(tmp_path: Path) -> None:
     assert "off_twin_vs_off" not in summary  # one round of the twin is no interval either
 
 
+def test_an_ab_sweeps_adaptive_variant_pools_as_no_fixed_policy(tmp_path: Path) -> None:
+    """An A/B sweep's rounds add to adaptive's and off's (same code); its variant is never the best fixed policy."""
+    ab = sweep(tmp_path, "ab", {"adaptive": [100, 100], "off": [100, 100], "ngram k=4": [90, 90],
+                                "adaptive (some rule)": [130, 130]})
+    (cell, rounds), = load_rounds([ab]).items()
+    summary = summarize(cell, rounds, 0.95)
+    assert summary["best_fixed"] == "ngram k=4"
+    assert summary["adaptive_vs_off"]["rounds"] == 2
+
+
 def test_interval_is_a_t_interval_of_the_log_ratios() -> None:
     logs = [0.01, -0.02, 0.03, 0.0]
     result = interval(logs, 0.95)
