@@ -92,6 +92,12 @@ TWIN, TWIN_OF = "draft k=2 (twin)", "draft k=2"
 OFF_TWIN = "off (twin)"  # a copy of ``off``: the noise control of the ">= 1.0x off" target
 
 
+def is_fixed(name: str) -> bool:
+    """Whether a policy of a sweep may be its "best fixed" one: not ``off``, a twin (noise controls), the adaptive
+    policy or one of its A/B variants ("adaptive (...)", `VARIANTS`)."""
+    return name not in ("off", TWIN, OFF_TWIN) and not name.startswith("adaptive")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", default="1,2,4,8,16,32")
@@ -321,7 +327,7 @@ def summarize_cell(cell: dict, runs: dict[str, list[RunResult]]) -> dict:
     vs ``off``, alike."""
     median = statistics.median
     rates = {name: [r.tokens_per_s for r in rs] for name, rs in runs.items()}
-    fixed = [name for name in rates if name not in ("off", TWIN, OFF_TWIN) and not name.startswith("adaptive")]
+    fixed = [name for name in rates if is_fixed(name)]
     best_fixed = max(fixed, key=lambda name: median(rates[name]))
 
     def paired(name: str, other: str) -> float:

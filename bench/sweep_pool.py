@@ -32,9 +32,8 @@ from pathlib import Path
 from scipy import stats
 
 from bench.common import save, save_plot, table
-from bench.policy_sweep import OFF_TWIN, TWIN
+from bench.policy_sweep import OFF_TWIN, is_fixed
 
-CONTROLS = ("off", "adaptive", TWIN, OFF_TWIN)  # never the "best fixed" policy, nor A/B variants ("adaptive (...)")
 SAME_IN_ALL = ("new_tokens", "length_spread", "requests_per_client", "min_requests", "device", "dtype", "threads")
 
 Cell = tuple[str, float, int]  # workload, temperature, concurrency
@@ -88,7 +87,7 @@ def paired(rounds: list[Round], policy: str, other: str, confidence: float) -> d
 
 
 def summarize(cell: Cell, rounds: list[Round], confidence: float) -> dict:
-    names = {name for r in rounds for name in r if not name.startswith("adaptive")} - set(CONTROLS)
+    names = {name for r in rounds for name in r if is_fixed(name)}
     fixed = {name: vs_off for name in names if (vs_off := paired(rounds, name, "off", confidence))}
     if not fixed:
         raise SystemExit(f"{cell}: no fixed policy ran two rounds or more beside off")
