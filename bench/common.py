@@ -8,6 +8,7 @@ import platform
 import random
 import statistics
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,13 +184,28 @@ def environment() -> dict:
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``platform.processor()`` is empty on Linux): timings differ across hosts."""
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name and, where /proc/cpuinfo has them, its family, model and stepping (``platform.processor()``
+    is empty on Linux): timings differ across hosts, and a VM may name its CPU only "AMD EPYC". Two hosts of that
+    name did not time alike: on one (cpu family 25, model 1) fixed draft k = 2 ran 1.06x ``off`` at 32 code clients,
+    T = 0.7, where the other had it at 0.94x (docs/goodput-guard.md, s52)."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+        with cpuinfo.open(encoding="utf-8") as f:
+            fields = dict(_cpuinfo_fields(f))
     except OSError:
         return ""
+    kind = ", ".join(f"{key} {fields[key]}" for key in ("cpu family", "model", "stepping") if key in fields)
+    name = fields.get("model name", "")
+    return f"{name} ({kind})" if name and kind else name
+
+
+def _cpuinfo_fields(lines: Iterable[str]) -> Iterator[tuple[str, str]]:
+    """The first processor's ``key: value`` lines of /proc/cpuinfo."""
+    for line in lines:
+        if not line.strip():
+            return
+        key, _, value = line.partition(":")
+        yield key.strip(), value.strip()
 
 
 def save_plot(fig, name: str, dpi: int = 110) -> Path:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from bench.common import cpu_model
 from bench.sweep_pool import interval, load_rounds, summarize
 
 ARGS = {"new_tokens": 48, "length_spread": 0.5, "requests_per_client": 4, "min_requests": 32,
@@ -73,6 +74,16 @@ def test_other_traffic_hosts_files_or_cells_without_a_fixed_policy_are_refused_c
     other.write_text(json.dumps({"rows": []}))
     with pytest.raises(SystemExit, match="not a policy_sweep result"):
         load_rounds([other])
+
+
+def test_a_host_is_named_by_its_cpus_kind_not_only_by_the_name_a_vm_gives_it(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\nstepping\t: 1\n\n"
+                       "processor\t: 1\ncpu family\t: 26\nmodel name\t: another\n")
+    assert cpu_model(cpuinfo) == "AMD EPYC (cpu family 25, model 1, stepping 1)"  # the first processor's
+    cpuinfo.write_text("model name\t: Some CPU\n")
+    assert cpu_model(cpuinfo) == "Some CPU"
+    assert cpu_model(tmp_path / "missing") == ""
 
 
 def test_a_gzipped_sweep_pools_like_its_json(tmp_path: Path) -> None:
