@@ -187,7 +187,7 @@ def environment() -> dict:
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name and, where /proc/cpuinfo has them, its family, model and stepping (``platform.processor()``
     is empty on Linux): timings differ across hosts, and a VM may name its CPU only "AMD EPYC". Two hosts of that
-    name did not time alike: on one (cpu family 25, model 1) fixed draft k = 2 ran 1.06x ``off`` at 32 code clients,
+    name did not time alike: on one (cpu family 25, model 1) fixed draft k = 2 ran 1.05x ``off`` at 32 code clients,
     T = 0.7, where the other had it at 0.94x (docs/goodput-guard.md, s52)."""
     try:
         with cpuinfo.open(encoding="utf-8") as f:
