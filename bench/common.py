@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import platform
 import random
 import statistics
 import time
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,22 +190,14 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     name did not time alike: on one (cpu family 25, model 1) fixed draft k = 2 ran 1.05x ``off`` at 32 code clients,
     T = 0.7, where the other had it at 0.94x (docs/goodput-guard.md, s52)."""
     try:
-        with cpuinfo.open(encoding="utf-8") as f:
-            fields = dict(_cpuinfo_fields(f))
+        with cpuinfo.open(encoding="utf-8") as f:  # the first processor's "key: value" lines, up to a blank one
+            fields = {key.strip(): value.strip() for key, _, value in
+                      (line.partition(":") for line in itertools.takewhile(str.strip, f))}
     except OSError:
         return ""
     kind = ", ".join(f"{key} {fields[key]}" for key in ("cpu family", "model", "stepping") if key in fields)
     name = fields.get("model name", "")
     return f"{name} ({kind})" if name and kind else name
-
-
-def _cpuinfo_fields(lines: Iterable[str]) -> Iterator[tuple[str, str]]:
-    """The first processor's ``key: value`` lines of /proc/cpuinfo."""
-    for line in lines:
-        if not line.strip():
-            return
-        key, _, value = line.partition(":")
-        yield key.strip(), value.strip()
 
 
 def save_plot(fig, name: str, dpi: int = 110) -> Path:
