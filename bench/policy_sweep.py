@@ -87,6 +87,7 @@ VARIANTS = {
     "adaptive (k_max=2)": {"mode": "auto", "k_max": 2},  # is the plan's longer k worth its draft passes?
     "adaptive (no probes)": {"mode": "auto", "guard_probe_rate": 0.0},  # what do the guard's probes cost?
     "adaptive (plan share 0.5%)": {"mode": "auto", "max_planning_share": 0.005},  # fewer plans at 1-8 clients?
+    "adaptive (no k probes)": {"mode": "auto", "k_probe_rate": 0.0},  # does the cost fit need steps of two k's?
 }
 TWIN, TWIN_OF = "draft k=2 (twin)", "draft k=2"
 OFF_TWIN = "off (twin)"  # a copy of ``off``: the noise control of the ">= 1.0x off" target

@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policies.base import ProposerName
 from policies.cost_model import CostCoefficients, DraftPlan
@@ -415,3 +415,24 @@ def with_probe(
         num_draft_requests=num_draft,
         draft_catch_up=draft_catch_up,
     )
+
+
+def lengthened(plan: BatchPlan, candidates: Sequence[Candidate], coeffs: CostCoefficients) -> BatchPlan:
+    """The plan with every speculating request drafting one token more with its proposer, within that proposer's
+    cap (a k probe, see policies/adaptive.py)."""
+    ks, tokens, passes, users, catch_up = list(plan.ks), plan.expected_tokens, 0, 0, 0.0
+    for i, (k, proposer, c) in enumerate(zip(plan.ks, plan.proposers, candidates, strict=True)):
+        if k == 0:
+            continue
+        alpha, cap = (c.alpha_draft, c.max_k_draft) if proposer == DRAFT else (c.alpha_ngram, c.max_k_ngram)
+        longer = min(k + 1, max(cap, k))
+        ks[i] = longer
+        tokens += expected_tokens(_clamped(alpha), longer) - expected_tokens(_clamped(alpha), k)
+        if proposer == DRAFT:
+            passes, users = max(passes, longer), users + 1
+            catch_up += c.draft_catch_up * expected_tokens(_clamped(alpha), longer)
+    num_tokens = plan.num_tokens + sum(ks) - sum(plan.ks)
+    draft = DraftPlan(passes, users, catch_up) if users else None
+    return replace(plan, ks=tuple(ks), expected_tokens=tokens, num_tokens=num_tokens, draft_passes=passes,
+                   step_seconds=coeffs.step_seconds(plan.batch_size, num_tokens, draft, verifies=any(ks)),
+                   draft_catch_up=catch_up)

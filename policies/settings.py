@@ -39,6 +39,9 @@ class PolicySettings:
     warmup_rounds: int = 3  # a request's own estimate is blended with the global prior for this many rounds
     exploration_rate: float = 0.02  # chance per planned step that a request at k = 0 probes k = 1..2, [0, 1]
     exploration_max_loss: float = 0.005  # expected goodput fraction that probing may cost, [0, 1]
+    # chance per planned speculating step that every speculating request drafts one token more than planned, so
+    # the step-cost fit sees more than one k (see policies/adaptive.py), [0, 1]
+    k_probe_rate: float = 0.0625
     hysteresis: float = 0.03  # relative gain a new choice needs over the previous one, [0, 1]
     max_batch_for_speculation: int | None = None  # above this many running requests: plain decode; None = no cap
     goodput_guard: bool = True  # veto speculation at batch sizes where it measurably ran slower than plain decode
@@ -65,7 +68,7 @@ class PolicySettings:
             _check(0.0 < value < 1.0, name, f"must be in (0, 1); got {value}")
         _check(0.0 <= self.alpha_floor <= 0.9, "alpha_floor", f"must be in [0, 0.9]; got {self.alpha_floor}")
         _check(0 <= self.warmup_rounds <= 1000, "warmup_rounds", f"must be in 0..1000; got {self.warmup_rounds}")
-        for name in ("exploration_rate", "exploration_max_loss", "hysteresis", "guard_probe_rate"):
+        for name in ("exploration_rate", "exploration_max_loss", "k_probe_rate", "hysteresis", "guard_probe_rate"):
             value = getattr(self, name)
             _check(0.0 <= value <= 1.0, name, f"must be in [0, 1]; got {value}")
         if self.max_batch_for_speculation is not None:
@@ -111,7 +114,8 @@ class PolicySettings:
 _INT_FIELDS = {"k", "k_max", "warmup_rounds", "ngram_min_match", "ngram_long_match", "seed"}
 _FLOAT_FIELDS = {
     "ewma_weight", "prior_alpha_draft", "prior_alpha_ngram", "alpha_floor",
-    "exploration_rate", "exploration_max_loss", "hysteresis", "guard_probe_rate", "draft_stop_confidence",
+    "exploration_rate", "exploration_max_loss", "k_probe_rate", "hysteresis", "guard_probe_rate",
+    "draft_stop_confidence",
 }  # fmt: skip
 _OPTIONAL_INT_FIELDS = {"max_batch_for_speculation"}
 _OPTIONAL_FLOAT_FIELDS = {"draft_cost_per_token", "max_planning_share"}

@@ -43,7 +43,7 @@ def compute_bound_cost_model() -> CostModel:
 
 
 def quiet(**kw) -> PolicySettings:
-    return PolicySettings(exploration_rate=0.0, **kw)
+    return PolicySettings(**{"exploration_rate": 0.0, "k_probe_rate": 0.0, **kw})
 
 
 def test_high_alpha_low_load_gives_large_k() -> None:
@@ -309,6 +309,22 @@ def test_an_exploration_probe_does_not_end_a_plain_streak() -> None:
         probes += policy.decide(batch)[0].k > 0
         planned += policy.last_plan is not None
     assert probes == planned and 16 + 25 < planned < 16 + 80  # one in 8 of the 400 steps after the streak
+
+
+def test_a_k_probe_drafts_one_token_more_for_every_speculating_request_and_is_not_sticky() -> None:
+    """So the step-cost fit sees more than one k (policies/cost_model.py: c against g)."""
+    requests = BatchView((view("a"), view("b", max_k=2), view("c", max_k=0)))
+    policy = AdaptivePolicy(quiet(k_probe_rate=1.0))
+    teach(policy, "a", accepted=1, drafted=4)
+    teach(policy, "b", accepted=4, drafted=4)
+    planned = AdaptivePolicy(quiet(), policy.learned).decide(requests)
+    k = planned[0].k
+    assert 0 < k < 8 and planned[1:] == [Decision(2, "draft"), Decision(0)]
+    probed = policy.decide(requests)
+    assert probed == [Decision(k + 1, "draft"), Decision(2, "draft"), Decision(0)]  # b at its cap, c plain
+    assert policy.last_plan.ks == (k + 1, 2, 0) and policy.last_plan.draft_passes == k + 1
+    policy.reconfigure(quiet())
+    assert policy.decide(requests) == planned
 
 
 def test_exploration_stays_within_its_loss_budget_under_heavy_load() -> None:

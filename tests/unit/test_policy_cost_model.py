@@ -218,6 +218,28 @@ def test_recovers_the_fixed_cost_of_speculating() -> None:
     assert summary["draft_seconds"]["per_round"] == coef.f
 
 
+@pytest.mark.parametrize(("k_probe_rate", "per_token", "per_speculating_step"), [(0.0, (0.58, 0.66), (0.0, 0.3)),
+                                                                                (1 / 16, (0.43, 0.53), (1.6, 3.0))])
+def test_only_steps_of_more_than_one_k_tell_a_fed_tokens_cost_from_the_fixed_cost_of_verifying(
+        k_probe_rate: float, per_token: tuple[float, float], per_speculating_step: tuple[float, float]) -> None:
+    """Every step at 16 requests, plain or drafting k = 1: the data fixes a + 16 (b + c) and a + g + 16 (b + 2c) only.
+    The fit keeps what it learned before (here c = 1.14 ms, g = 0) along the direction they leave open, and prices a
+    longer draft too dear (c = 0.48 + 2.25 / 16 ms). The adaptive policy's k probes (k + 1 in one planned step in 16,
+    policies/adaptive.py) separate them."""
+    rng, model = random.Random(0), CostModel()
+    for _ in range(600):  # another regime first: a varied mix, no fixed cost of verifying
+        batch, k = rng.randint(1, 32), rng.randint(0, 3)
+        seconds = 19.85e-3 + 1.14e-3 * batch * (1 + k)
+        model.observe(StepTiming(batch, batch * (1 + k), seconds * (1 + rng.gauss(0, 0.03))))
+    for _ in range(1200):
+        k = 0 if rng.random() < 0.2 else 2 if rng.random() < k_probe_rate else 1
+        seconds = 18.2e-3 + 1.13e-3 * 16 + 0.48e-3 * 16 * (1 + k) + (2.25e-3 if k else 0.0)
+        model.observe(StepTiming(16, 16 * (1 + k), seconds * (1 + rng.gauss(0, 0.03))))
+    coef = model.coefficients()
+    assert per_token[0] <= coef.c * 1e3 <= per_token[1]
+    assert per_speculating_step[0] <= coef.g * 1e3 <= per_speculating_step[1]
+
+
 def test_recovers_what_the_draft_model_pays_to_catch_up() -> None:
     """Draft rounds that also prefill a request's context (its first round) or catch up on tokens it missed
     are cost samples too: h is learned apart from the per-pass costs."""
