@@ -166,6 +166,7 @@ class AdaptivePolicy(LearningPolicy):
         chosen = plan
         if any(plan.ks) and self.settings.k_probe_rate > 0.0 and self._rng.random() < self.settings.k_probe_rate:
             plan = lengthened(plan, candidates, coeffs)
+            self.num_k_probes += 1
         plan = self.last_plan = self._explore(plan, candidates, coeffs, requests)
         self._hold(made_for, chosen, requests, candidates, coeffs, self.clock() - start)
         return self._with_named_proposers(requests, [_decision(k, proposer) if k > 0 else PLAIN

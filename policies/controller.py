@@ -161,6 +161,7 @@ class PolicyController:
                     "plain_decode_fraction": num_plain / self._num_request_steps if self._num_request_steps else None,
                     "by_proposer": dict(self._proposer_counts),
                     "reused_plan_steps": self._policy.num_reused_plans,  # adaptive: steps that reused a plan
+                    "k_probe_steps": self._policy.num_k_probes,  # adaptive: steps that drafted one token more
                 },
                 "cost_model": self._learned.cost_model.fit_summary(),
                 "goodput_guard": self._learned.guard.summary(),

@@ -38,6 +38,7 @@ class LearningPolicy:
 
     name = "learning"
     num_reused_plans = 0  # steps that reused an earlier step's plan instead of planning (the adaptive policy's)
+    num_k_probes = 0  # planned steps whose speculating requests drafted one token more than planned (adaptive)
 
     def __init__(self, settings: PolicySettings | None = None, learned: LearnedState | None = None) -> None:
         self.settings = settings or PolicySettings()

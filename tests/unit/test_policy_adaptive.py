@@ -323,6 +323,7 @@ def test_a_k_probe_drafts_one_token_more_for_every_speculating_request_and_is_no
     probed = policy.decide(requests)
     assert probed == [Decision(k + 1, "draft"), Decision(2, "draft"), Decision(0)]  # b at its cap, c plain
     assert policy.last_plan.ks == (k + 1, 2, 0) and policy.last_plan.draft_passes == k + 1
+    assert policy.num_k_probes == 1
     policy.reconfigure(quiet())
     assert policy.decide(requests) == planned
 

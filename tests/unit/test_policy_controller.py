@@ -103,6 +103,7 @@ def test_stats_are_json_and_count_decisions() -> None:
     assert stats["chosen_k"]["histogram"] == [4, 0, 0, 4, 0]
     assert stats["chosen_k"]["plain_decode_fraction"] == pytest.approx(0.5)
     assert stats["chosen_k"]["by_proposer"] == {"draft": 4, "ngram": 0} and stats["chosen_k"]["reused_plan_steps"] == 0
+    assert stats["chosen_k"]["k_probe_steps"] == 0
     assert stats["mode"] == "off" and stats["policy"] == "off" and stats["num_steps"] == 2
     assert set(stats["acceptance"]) == {"draft", "ngram", "ngram_short"}
     assert "verify_seconds" in stats["cost_model"]
