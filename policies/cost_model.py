@@ -42,10 +42,10 @@ from policies.cost_audit import PredictionAudit
 # (memory-bound), one draft forward pass costs ~0.2 of a target step, and a token the draft model
 # catches up on ~0.1 of a token fed to the target (measured: 30 us beside 0.27 ms at 16-32 requests).
 # Unidentified cost (every step feeding one token per request makes b and c inseparable) is put mostly on
-# c, the per-token cost: that errs towards plain decode, the choice that cannot lose. It can hold the plan at
+# c, the per-token cost: that errs towards plain decode, the choice that cannot lose. It could hold the plan at
 # k = 1 where longer drafts pay, though: with every step at k <= 1, the window never tells c from g (at 16 code
 # requests, T = 0.7, c = 1.14 ms kept k = 1 at 1.04x `off`; a fit of c = 0.48 ms, g = 2.3 ms drafted k = 3 at 1.14x;
-# docs/goodput-guard.md, s52).
+# docs/goodput-guard.md, s52). So the adaptive policy's k probes (`k_probe_rate`) add steps of one k more.
 DEFAULT_VERIFY = (0.010, 2e-5, 1e-4, 0.0)
 DRAFT_RELATIVE_COST = 0.2
 CATCH_UP_RELATIVE_COST = 0.1
