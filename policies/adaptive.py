@@ -162,9 +162,10 @@ class AdaptivePolicy(LearningPolicy):
                 plan = self._draft_measurement(candidates, coeffs, plan)
         for view, k, proposer in zip(requests, plan.ks, plan.proposers, strict=True):
             self._previous[view.request_id] = (proposer, k)  # before exploration: probes are not sticky
-        self._plain_streak[regime] = 0 if any(plan.ks) else streak + 1  # nor do they end streaks
+        speculates = any(plan.ks)
+        self._plain_streak[regime] = 0 if speculates else streak + 1  # nor do they end streaks
         chosen = plan
-        if any(plan.ks) and self.settings.k_probe_rate > 0.0 and self._rng.random() < self.settings.k_probe_rate:
+        if speculates and self.settings.k_probe_rate > 0.0 and self._rng.random() < self.settings.k_probe_rate:
             plan = lengthened(plan, candidates, coeffs)
             self.num_k_probes += 1
         plan = self.last_plan = self._explore(plan, candidates, coeffs, requests)

@@ -425,12 +425,11 @@ def lengthened(plan: BatchPlan, candidates: Sequence[Candidate], coeffs: CostCoe
         if k == 0:
             continue
         alpha, cap = (c.alpha_draft, c.max_k_draft) if proposer == DRAFT else (c.alpha_ngram, c.max_k_ngram)
-        longer = min(k + 1, max(cap, k))
-        ks[i] = longer
-        tokens += expected_tokens(_clamped(alpha), longer) - expected_tokens(_clamped(alpha), k)
+        longer = ks[i] = min(k + 1, cap)  # a plan's k is within its proposer's cap
+        tokens += expected_tokens(alpha, longer) - expected_tokens(alpha, k)
         if proposer == DRAFT:
             passes, users = max(passes, longer), users + 1
-            catch_up += c.draft_catch_up * expected_tokens(_clamped(alpha), longer)
+            catch_up += c.draft_catch_up * expected_tokens(alpha, longer)
     num_tokens = plan.num_tokens + sum(ks) - sum(plan.ks)
     draft = DraftPlan(passes, users, catch_up) if users else None
     return replace(plan, ks=tuple(ks), expected_tokens=tokens, num_tokens=num_tokens, draft_passes=passes,
