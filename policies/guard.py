@@ -16,8 +16,8 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
 - Like with like: speculation is compared with plain decode at its own mix of batch sizes, each of its
   steps paired with a plain step of that size as plain decode ran at that moment (where a size is
   unmeasured, the cost model's time scaled by its error in the bucket). Plain figures go stale after
-  ``FRESH_SECONDS`` of steps; the next sample restarts them, and moves the bucket's other sizes by the pace it
-  measured (`carry_pace`).
+  ``FRESH_SECONDS`` of steps; the next samples restart them, and once two agree on a pace, it moves the bucket's
+  sizes not sampled (`PaceCheck`, `carry_pace`).
 - Catch-up counts: steps where the draft model caught up on tokens it missed are measured like any,
   except the switch into speculation (a first figure's first step, a probe's first speculative step),
   a cost that sustained speculation does not pay.
@@ -57,6 +57,7 @@ from policies.base import PROPOSERS, StepTiming
 from policies.guard_figures import (
     Figure,
     JoiningCost,
+    PaceCheck,
     average_in,
     batch_bucket,
     bucket_sizes,
@@ -108,6 +109,7 @@ class GoodputGuard:
         self._plain_probe_left: dict[int, int] = {}  # per batch-size bucket: steps left of an unmeasured plain probe
         self._clock = 0.0  # seconds of every step observed: the pace drifts with time, not with steps
         self._plain_at: dict[int, float] = {}  # per batch-size bucket: the clock at its latest plain sample
+        self._pace_checks: dict[int, PaceCheck] = {}  # per batch-size bucket: its plain figures restarting (stale)
         self._joining_at: dict[int, float] = {}  # per batch-size bucket: the clock at its latest joining-cost sample
 
     def observe(self, timing: StepTiming, temperature: float = 0.0) -> None:
@@ -127,11 +129,16 @@ class GoodputGuard:
         if not timing.speculative and not timing.num_prefilling:
             self._plain_probe_left.pop(bucket, None)
             stale = self._stale(self._plain_at, bucket)
+            if stale and bucket > 1:  # buckets of one batch size (1, 2) have no other sizes to move
+                self._pace_checks[bucket] = PaceCheck()
             figures = self._plain.setdefault(bucket, {})
             figure = figures.setdefault(timing.batch_size, Figure())
-            if stale:
-                carry_pace(figures, figure, timing.step_seconds)
-            figure.add(*sample, stale=stale)
+            check = self._pace_checks.get(bucket)
+            restart = check.sample(figure, timing.batch_size, timing.step_seconds) if check is not None else stale
+            figure.add(*sample, stale=restart)
+            if check is not None and check.settled:
+                carry_pace(figures, check)
+                del self._pace_checks[bucket]
             self._plain_memo.clear()
             return
         plain_seconds, plain_measured = self._plain_seconds(bucket)
@@ -366,12 +373,13 @@ class GoodputGuard:
         return ("speculate" if left > 0 else "rejected"), verdict
 
     def _plain_probe(self, bucket: int, rng: random.Random, rate: float, lands: bool = True) -> bool:
-        """Whether this step decodes plainly to measure plain decode: at ``rate`` or once the bucket's plain figures
-        are ``FRESH_SECONDS`` old, and then on until a plain step of the bucket without joining prompts is measured
-        (at most ``PROBE_LIMIT`` steps). Not where it would not land (``lands=False``: prompts join the step and what
-        they cost is fresh): such a step speculates, and the probe waits for the next."""
+        """Whether this step decodes plainly to measure plain decode: at ``rate``, once the bucket's plain figures
+        are ``FRESH_SECONDS`` old or while their restart waits for samples (`PaceCheck`), and then on until a plain
+        step of the bucket without joining prompts is measured (at most ``PROBE_LIMIT`` steps). Not where it would
+        not land (``lands=False``: prompts join the step and what they cost is fresh): such a step speculates, and
+        the probe waits for the next."""
         left = self._plain_probe_left.get(bucket, 0)
-        if not left and (rng.random() < rate or self._is_old(self._plain_at, bucket)):
+        if not left and (rng.random() < rate or self._is_old(self._plain_at, bucket) or bucket in self._pace_checks):
             left = PROBE_LIMIT
         if left:
             self._plain_probe_left[bucket] = left - 1

@@ -18,6 +18,7 @@ from policies.base import StepTiming
 
 EWMA_WEIGHT = 0.05  # weight of the newest step's tokens and seconds: about the last 20 steps count
 CATCH_UP_WEIGHT = 0.25  # weight of the newest probe's catch-up cost, or its burst's loss, in their averages
+PACE_SAMPLES = 2  # plain samples of a stale bucket that must agree on a pace before its other sizes move
 MAX_JOINING_SHARE = 0.25  # steps where more requests join (prefill) than 1 + this share of those decoding: unmeasured
 
 
@@ -97,18 +98,48 @@ class Figure:
         return self.plain_tokens / self.plain_seconds if self.plain_seconds > 0 else 0.0
 
 
-def carry_pace(figures: dict[int, Figure], sampled: Figure, seconds: float) -> None:
-    """A stale bucket's plain sample (``seconds`` at ``sampled``'s batch size, not yet added) measures the pace now:
-    move the bucket's other batch sizes' figures as far as the sample moves its own (it weighs half against a stale
-    figure), and let each count as one sample against its own next one. Left at the old pace, they paired
-    speculative steps at their sizes with it: after the host's pace doubled mid-run at 32 code requests, T = 1, the
-    draft route read 1.35-2.43x plain decode while its runs read 0.87x ``off``."""
-    if sampled.samples == 0 or sampled.seconds <= 0:
-        return
-    w, _ = _sample_weight(sampled.averaged, stale=True)
-    factor = 1.0 + w * (seconds / sampled.seconds - 1.0)
-    for figure in figures.values():
-        if figure is not sampled:
+@dataclass
+class PaceCheck:
+    """A stale bucket's plain figures restarting. Each size restarts on its own first sample since it went stale
+    (which weighs half, `Figure.add(stale=True)`); the sizes left unsampled then move by the pace that
+    ``PACE_SAMPLES`` samples agree on (`carry_pace`). One sample is not enough: host noise makes 3-4% of plain steps at
+    17-32 requests take over 1.27x their size's median, and one such step at 28 code requests, carried to the whole
+    bucket, paired the next cell's first draft figure at 32 requests with plain steps 1.27x too slow; it read a win,
+    and the draft route was taken up where it ran 0.94x ``off`` (docs/goodput-guard.md, s53)."""
+
+    before: dict[int, float] = field(default_factory=dict)  # each sampled size's figure (seconds) when it went stale
+    moves: list[float] = field(default_factory=list)  # each sample's seconds over its size's figure then
+
+    def sample(self, figure: Figure, batch_size: int, seconds: float) -> bool:
+        """Record a plain sample of ``figure`` (its size's, not yet added); whether it is the size's first since the
+        bucket went stale (it restarts the figure)."""
+        first = batch_size not in self.before
+        if first:
+            self.before[batch_size] = figure.seconds if figure.samples else 0.0
+        if self.before[batch_size] > 0:
+            self.moves.append(seconds / self.before[batch_size])
+        return first
+
+    @property
+    def settled(self) -> bool:
+        return len(self.moves) >= PACE_SAMPLES
+
+    def pace(self) -> float:
+        """The move the samples agree on: the smallest in their common direction; none where they disagree."""
+        lowest, highest = min(self.moves), max(self.moves)
+        if lowest > 1.0:
+            return lowest
+        return highest if highest < 1.0 else 1.0
+
+
+def carry_pace(figures: dict[int, Figure], check: PaceCheck) -> None:
+    """Move the bucket's sizes that ``check`` did not sample by the pace its samples agree on, as far as a sample
+    moves a stale figure (half way), and let each count as one sample against its own next one. Left at the old
+    pace, they paired speculative steps at their sizes with it: after the host's pace doubled mid-run at 32 code
+    requests, T = 1, the draft route read 1.35-2.43x plain decode while its runs read 0.87x ``off``."""
+    factor = 1.0 + _ewma_weight(1) * (check.pace() - 1.0)
+    for size, figure in figures.items():
+        if size not in check.before:
             figure.seconds *= factor
             figure.averaged = min(figure.averaged, 1)
 
