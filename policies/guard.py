@@ -29,8 +29,7 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
   and for rejected speculation, bursts of ``PROBE_BURST`` speculative steps (at most ``PROBE_LIMIT``
   steps) whose figure replaces the older one. Their rates scale with what they are expected to lose
   (`_probe_scale`). A rejection's first burst comes at ``MAX_PROBE_BOOST`` times the rate, and the plan
-  may not decline it (`decline_measurement`); each later burst in a row that confirms it halves the rate, down to
-  an eighth (``PROBE_BACKOFF``, ``MAX_BACKOFFS``).
+  may not decline it (`decline_measurement`).
 - A rejection stands while plain decode keeps its pace: a move over ``REGIME_SHIFT`` since speculation
   was measured re-measures it (the traffic may have changed).
 - An untried batch-size bucket inherits a rejection from the nearest smaller one at its temperature
