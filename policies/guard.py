@@ -73,8 +73,6 @@ REQUIRED_GAIN = 0.05  # speculation must beat plain decode by this much to be ta
 MAX_PROBE_BOOST = 4.0  # rejected speculation close to its bar is probed at up to this many times probe_rate
 PROBE_BURST = 12  # a probe of rejected speculation measures this many speculative steps
 PROBE_LIMIT = 3 * PROBE_BURST  # steps a probe burst may last while the plan decodes plainly in some of them
-PROBE_BACKOFF = 0.5  # a rejection's probes come this much rarer with each burst in a row that confirmed it ...
-MAX_BACKOFFS = 3  # ... at most this many times over (1/8 of the rate)
 MIN_SPECULATIVE_SAMPLES = PROBE_BURST  # speculative steps before their rate counts: the first may be a catch-up
 SURE_SAMPLES = 2 * MIN_SPECULATIVE_SAMPLES  # speculative steps before a near miss of the bar rejects speculation
 NEAR_MISS = 1.0 - 2 * REQUIRED_GAIN  # speculation at or above this ratio to plain decode only just missed its bar
@@ -174,11 +172,8 @@ class GoodputGuard:
         arm.add(*sample, plain_seconds=plain_seconds(timing.batch_size), plain_measured=plain_measured)
         arm.plain_reference = mix_rate(arm.sizes, plain_seconds) or 0.0
         if probe is not None and probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
-            rejected = self._speculative.get(key)
             self._speculative[key] = self._end_probe(key)
             self._burst_left[key] = 0
-            if self._judge(*key)[0] == "decode plainly":  # one more burst in a row that confirmed the rejection
-                probe.confirmations = 1 + (rejected.confirmations if rejected is not None else 0)
 
     def _stale(self, sampled_at: dict[int, float], bucket: int) -> bool:
         """Whether a sample of the bucket now finds its figure stale (``sampled_at``: when each bucket's was last
@@ -347,8 +342,6 @@ class GoodputGuard:
             probe_rate *= _probe_scale(ratio, self._catch_up.get(key[0], 0.0) if key[2] == "draft" else 0.0,
                                        burst_loss=self._burst_loss.get(key),
                                        winning=verdict == "speculate")
-            if verdict == "decode plainly":  # rarer with every burst in a row that confirmed the rejection
-                probe_rate *= PROBE_BACKOFF ** min(self._speculative[key].confirmations, MAX_BACKOFFS)
         if verdict == "speculate":
             self._speculative[key].probed = False  # should it lose from here on, a probe checks that soon
             # single steps (held until measured), no switching cost

@@ -71,7 +71,6 @@ class Figure:
     catching_up: bool = False  # draft-route probes: the first speculative step (the draft's catch-up) is still due
     confirming: bool = False  # probes: the first of a rejection, which the plan may not decline
     loss: float = 0.0  # probes: plain steps their burst lost so far against plain decode (`_charge_probes`)
-    confirmations: int = 0  # probe bursts in a row, up to this one's, whose figure rejected speculation
 
     def add(self, tokens: float, seconds: float, batch_size: int, plain_seconds: float | None = None,
             plain_measured: bool = False, stale: bool = False) -> None:
