@@ -22,14 +22,17 @@ Directions the window does not determine (e.g. b vs c while every step feeds one
 at the prior instead of swinging to nonsense, negative coefficients are clamped to zero, and steps far off a
 first fit (a stalled host) are left out of the final one (`ridge_fit_nonnegative`). The target's
 fit also keeps the last plain steps once its window has moved past them (`_KeptPlainRows`). A fit is
-redone every 8 steps, and once the window is full whenever a 32nd of it is new (every 16 steps). Every
-policy learns (``off`` too, for a later switch to ``auto``), and fitting from the rows every 8 steps took
-~100 us of an engine step at 32 prose requests (0.4% of it; 63 us now), mostly in numpy's per-call costs.
+redone every 8 steps, and once the window is full whenever a 32nd of it is new (every 16 steps), but after the
+first 16 steps no more often than keeps refits within ``REFIT_BUDGET`` of the steps' measured seconds. Every
+policy learns (``off`` too, for a later switch to ``auto``), and fitting from the rows every 8 steps took ~100 us
+of an engine step at 32 prose requests (0.4% of it; 63 us now), mostly in numpy's per-call costs. Beside the CPU
+engine's forward passes a refit took 0.4-0.9 ms, so every 16 steps of ~5 ms (1 client) it cost ~0.7% of the run.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -56,6 +59,9 @@ KEPT_PLAIN_ROWS = 64  # the target's fit keeps this many of the last plain steps
 KEPT_PLAIN_HORIZON = 3  # ... for at most this many windows' worth of later steps
 OUTLIER_SPREADS = 8.0  # a row whose deleted residual is this many robust spreads off their median is left out
 REFIT_SHARE = 32  # a full window is refitted once this share of its rows is new (every 16 steps at 512)
+REFIT_BUDGET = 0.002  # after the first steps, refits take at most this share of the steps' seconds ...
+MAX_REFIT_INTERVAL = 128  # ... but one is redone at least this many steps after the last
+REFIT_AVERAGE_WEIGHT = 0.25  # of the newest refit's seconds in their average
 WELL_DETERMINED = 0.05  # max relative error of a coefficient's share of a step for it to count as learned
 
 
@@ -322,12 +328,18 @@ class _OnlineFit:
 class CostModel:
     """Windowed online fit of the step-cost coefficients, refitted as observations arrive."""
 
-    def __init__(self, window: int = 512, min_observations: int = 4, refit_every: int = 8) -> None:
+    clock = staticmethod(time.perf_counter)  # times the refits for ``refit_budget`` (tests may set another)
+
+    def __init__(self, window: int = 512, min_observations: int = 4, refit_every: int = 8,
+                 refit_budget: float | None = REFIT_BUDGET) -> None:
         self._target = _OnlineFit(window, 4, kept_plain=KEPT_PLAIN_ROWS)
         self._draft = _OnlineFit(window, 4)
         self._min_observations = min_observations
         self._refit_every = refit_every
         self._num_unfitted = 0
+        self._refit_budget = refit_budget
+        self._refit_seconds = 0.0  # a refit's own seconds, averaged
+        self._seconds_unfitted = 0.0  # the measured seconds of the steps since the last refit
         self._verify_override: tuple[float, float, float] | None = None
         self._draft_override: float | None = None
         self._fitted: CostCoefficients | None = None
@@ -363,14 +375,30 @@ class CostModel:
             self._draft.add((1.0, passes, passes * timing.num_draft_requests, timing.num_draft_catch_up_tokens),
                             timing.draft_seconds)
         self._num_unfitted += 1
-        # every step at first, later every few: a refit moves the fit by about the share of its rows that are new
-        due = max(self._refit_every, self._target.window.filled // REFIT_SHARE)
-        if self._num_unfitted >= due or self._target.window.count <= 4 * self._min_observations:
+        self._seconds_unfitted += timing.step_seconds or timing.target_seconds + timing.draft_seconds
+        if self._refit_due():
+            start = self.clock()
             self._refit()
+            seconds = self.clock() - start
+            self._refit_seconds += REFIT_AVERAGE_WEIGHT * (seconds - self._refit_seconds) if self._refit_seconds \
+                else seconds
+
+    def _refit_due(self) -> bool:
+        """Every step at first, later every few: a refit moves the fit by about the share of its rows that are new,
+        but no more often than keeps refits within their budget of the steps' seconds."""
+        window = self._target.window
+        if window.count <= 4 * self._min_observations:
+            return True
+        if self._num_unfitted < max(self._refit_every, window.filled // REFIT_SHARE):
+            return False
+        budget = self._refit_budget
+        return (budget is None or self._num_unfitted >= MAX_REFIT_INTERVAL
+                or self._refit_seconds <= budget * self._seconds_unfitted)
 
     def _refit(self) -> None:
         self._fitted = self._fit()
         self._num_unfitted = 0
+        self._seconds_unfitted = 0.0
         self._effective = None
         self._plain_seconds.clear()
 

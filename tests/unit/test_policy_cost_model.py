@@ -291,7 +291,7 @@ def test_a_full_window_is_refitted_once_a_thirty_second_of_it_is_new(monkeypatch
     the fit by about 3%, and fitting every eighth step took ~0.4% of an engine step at 32 requests."""
     import policies.cost_model as cost_model
 
-    model = CostModel()
+    model = CostModel()  # refits take no time here (tests/unit/conftest.py); their budget: next test
     for batch in range(600):
         model.observe(timing(1 + batch % 32, 1 + batch % 32))
     fits = []
@@ -300,6 +300,40 @@ def test_a_full_window_is_refitted_once_a_thirty_second_of_it_is_new(monkeypatch
     for _ in range(64):
         model.observe(timing(32, 32))
     assert len(fits) == 64 // 16
+
+
+def test_refits_keep_within_their_budget_of_the_steps_seconds(monkeypatch) -> None:
+    """Beside the CPU engine's passes a refit took 0.4-0.7 ms, every 16 steps of ~5 ms at 1 client (~0.7% of the run).
+    After the first 16 steps (each refitted), a refit waits until the steps since the last took 1 / budget times what
+    refits take, and the step counts still set the shortest interval; refits are at most `MAX_REFIT_INTERVAL` apart."""
+    import policies.cost_model as cost_model
+
+    now, fit_seconds, fits = [0.0], [1e-3], []
+    monkeypatch.setattr(CostModel, "clock", staticmethod(lambda: now[0]))
+    real_fit = cost_model.ridge_fit_nonnegative
+
+    def timed_fit(*args):
+        now[0] += fit_seconds[0]
+        fits.append(1)
+        return real_fit(*args)
+
+    monkeypatch.setattr(cost_model, "ridge_fit_nonnegative", timed_fit)
+    budgeted = CostModel(refit_budget=0.002)
+    step = timing(1, 1)  # 8.3 ms: a refit of 1 ms is due every 0.5 s of steps, 61 of them
+    for _ in range(16):
+        budgeted.observe(step)
+    assert len(fits) == 16 - 3  # from the fourth step on (the minimum of observations)
+    fits.clear()
+    for _ in range(61 * 10):
+        budgeted.observe(step)
+    assert len(fits) == 10  # where every 16 steps would be 38
+    fit_seconds[0] = 0.1  # a refit the host stalls in weighs a quarter in the average: 26 ms, due every 1550 steps
+    while len(fits) == 10:
+        budgeted.observe(step)
+    fit_seconds[0], fits[:] = 1e-3, []
+    for _ in range(2 * cost_model.MAX_REFIT_INTERVAL):
+        budgeted.observe(step)
+    assert len(fits) == 2  # but at most 128 steps apart
 
 
 @pytest.mark.parametrize("size", [1, 2, 7, 8, 513])
