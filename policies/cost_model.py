@@ -379,9 +379,8 @@ class CostModel:
         if self._refit_due():
             start = self.clock()
             self._refit()
-            seconds = self.clock() - start
-            self._refit_seconds += REFIT_AVERAGE_WEIGHT * (seconds - self._refit_seconds) if self._refit_seconds \
-                else seconds
+            seconds, average = self.clock() - start, self._refit_seconds
+            self._refit_seconds = average + REFIT_AVERAGE_WEIGHT * (seconds - average) if average else seconds
 
     def _refit_due(self) -> bool:
         """Every step at first, later every few: a refit moves the fit by about the share of its rows that are new,
