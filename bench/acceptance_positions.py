@@ -26,10 +26,7 @@ import torch
 from bench.common import run_engines_lockstep, save, save_plot, table
 from bench.policy_sweep import cell_traffic, make_engines
 from bench.prompts import PROSE, code_prompts
-
-
-def leviathan(alpha: float, k: int) -> float:
-    return sum(alpha**j for j in range(k + 1))
+from policies.goodput import expected_tokens
 
 
 def position_rates(accepted: list[int], k: int) -> list[float]:
@@ -55,8 +52,8 @@ def cell_report(accepted: list[int], k: int) -> dict:
         emitted = sum(min(m, shorter) + 1 for m in accepted) / len(accepted)
         alpha = pooled_alpha(accepted, shorter)
         rows.append({"k": shorter, "emitted": emitted, "alpha_at_k": alpha,
-                     "iid_over_emitted": leviathan(alpha, shorter) / emitted,
-                     "iid_of_longest_over_emitted": leviathan(alpha_k, shorter) / emitted})
+                     "iid_over_emitted": expected_tokens(alpha, shorter) / emitted,
+                     "iid_of_longest_over_emitted": expected_tokens(alpha_k, shorter) / emitted})
     return {"rounds": len(accepted), "position_rates": position_rates(accepted, k), "by_k": rows}
 
 

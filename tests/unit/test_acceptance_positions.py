@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.acceptance_positions import cell_report, leviathan, pooled_alpha, position_rates
+from bench.acceptance_positions import cell_report, pooled_alpha, position_rates
+from policies.goodput import expected_tokens
 
 
 def test_a_passage_that_rejects_early_leaves_the_later_positions_to_the_easier_ones() -> None:
@@ -15,7 +16,7 @@ def test_a_passage_that_rejects_early_leaves_the_later_positions_to_the_easier_o
     assert pooled_alpha(accepted, 3) == pytest.approx(0.75)
     by_k = cell_report(accepted, 3)["by_k"]
     assert [row["emitted"] for row in by_k] == [1.5, 2.0, 2.5]
-    assert by_k[2]["iid_over_emitted"] == pytest.approx(leviathan(0.75, 3) / 2.5)
+    assert by_k[2]["iid_over_emitted"] == pytest.approx(expected_tokens(0.75, 3) / 2.5)
     assert by_k[0]["iid_over_emitted"] == pytest.approx(1.0)  # at k = 1 the pooled alpha is the first position's
 
 
