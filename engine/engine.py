@@ -22,6 +22,7 @@ from engine.kv_cache import make_kv_cache
 from engine.model_runner import ModelRunner, SeqChunk
 from engine.models.llama import LlamaModel, touch_linears
 from engine.models.loader import load_model, read_config, resolve_checkpoint
+from engine.models.row_padding import calibrate_row_padding
 from engine.models.tokenizer import IncrementalDetokenizer, check_compatible, eos_token_ids, load_tokenizer
 from engine.request import Request, RequestStatus
 from engine.sampler import greedy_tokens, position_counts, processed_probs, sample_rows, token_logprobs, transform_key
@@ -114,11 +115,17 @@ class LLMEngine:
         3-4.6 ms per verifying step instead of 0): of 3 new engines warmed up without forgetting, then serving
         4 clients of prose at T = 1, all 3 decoded plainly for a whole run (400 steps), as did 4 of 10 warmed
         up by two short greedy requests; with the warm-up forgotten, none of 10 did (one started drafting late).
-        Call it before serving, with no request running. It also has oneDNN (CPU) or cuBLAS (CUDA) build or pick
-        their kernels for every row count a step can feed (`touch_linears`).
+        Call it before serving, with no request running. On a CPU it first times the models' linears at small row
+        counts (`calibrate_row_padding`). It also has oneDNN (CPU) or cuBLAS (CUDA) build or pick their kernels for
+        every row count a step can feed (`touch_linears`).
         """
         if self.requests:
             raise RuntimeError("warm_up() needs an idle engine")
+        for name, model in (("target", self.model), ("draft", self.draft_model)):
+            table = calibrate_row_padding(model) if model is not None else None
+            if table is not None:
+                log.info("%s model on this CPU: row counts run padded %s", name,
+                         {rows: padded for rows, padded in enumerate(table) if padded != rows} or "nowhere")
         settings = self.policy.settings
         prompt = self.tokenizer.encode("warm up, warm up, warm up, warm up, warm up") or [0]
         for mode in ("off", *self.proposers):

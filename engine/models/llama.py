@@ -277,6 +277,9 @@ class PackedLinear(nn.Module):
     which ``F.linear`` calls for float32, re-lays the weight out on every call and, on AMD CPUs, takes a
     slow path; oneDNN's prepacked inner product ran the bundled target's projections 2-3.5x faster at
     1-32 rows (float32 and bfloat16 alike). Results differ from ``F.linear`` only in rounding.
+
+    ``row_padding``: the row count each count up to its length runs at (index: rows), shared by a model's
+    linears and set by `engine.models.row_padding.calibrate_row_padding`; None: exact up to 16 rows.
     """
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -286,23 +289,30 @@ class PackedLinear(nn.Module):
         self.weight_dtype = weight.dtype
         self.bias = None if linear.bias is None else linear.bias.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)  # opaque: not a parameter
+        self.row_padding: tuple[int, ...] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
-        padded = padded_rows(rows)
+        padded = padded_rows(rows, self.row_padding)
         if padded != rows:
             x = F.pad(x, (0, 0, 0, padded - rows))
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")[:rows]
 
 
-def padded_rows(rows: int) -> int:
-    """The row count oneDNN sees for ``rows`` input rows: exact up to 16, then rounded up (4, 32, 256).
+EXACT_ROWS = 16  # row counts up to this run as they are, or as a model's calibrated `PackedLinear.row_padding` says
+
+
+def padded_rows(rows: int, row_padding: tuple[int, ...] | None = None) -> int:
+    """The row count oneDNN sees for ``rows`` input rows: up to 16, as ``row_padding`` says (None: exact), then
+    rounded up (4, 32, 256).
 
     oneDNN builds a kernel per (rows, in, out) on first use (~0.4 ms) and keeps 1024 of them. A
     speculating batch feeds sum(k_i + 1) rows and every prefill chunk its own length, so exact row
     counts kept building kernels and evicting each other; these ~50 sizes per weight shape fit.
     """
-    for limit, step in ((16, 1), (64, 4), (512, 32)):
+    if rows <= EXACT_ROWS:
+        return row_padding[rows] if row_padding is not None and rows < len(row_padding) else rows
+    for limit, step in ((64, 4), (512, 32)):
         if rows <= limit:
             return -(-rows // step) * step
     return -(-rows // 256) * 256
@@ -328,8 +338,8 @@ def touch_linears(model: nn.Module, max_rows: int) -> None:
     (T = 0) the adaptive policy, whose plans feed ever new counts, met 41 in its second run of the same traffic,
     2.5% of that run's time (bench/step_stalls.py), where fixed policies met none: they had met theirs in the first.
     Every count up to ``max_rows`` is touched, once per distinct (in, out, dtype, bias) shape."""
-    padded = sorted({padded_rows(rows) for rows in range(1, max_rows + 1)})
-    touches = [(module, module.weight_dtype, torch.device("cpu"), padded)
+    touches = [(module, module.weight_dtype, torch.device("cpu"),
+                sorted({padded_rows(rows, module.row_padding) for rows in range(1, max_rows + 1)}))
                for module in model.modules() if isinstance(module, PackedLinear)]
     on_cuda = [module for module in model.modules() if isinstance(module, nn.Linear) and module.weight.is_cuda]
     touches += [(module, module.weight.dtype, module.weight.device, range(1, max_rows + 1)) for module in on_cuda]

@@ -219,3 +219,49 @@ def test_cuda_linears_are_touched_at_every_row_count_once_per_shape(monkeypatch)
     calls.clear()
     llama.touch_linears(model, 12)
     assert calls == []
+
+
+def test_row_padding_takes_a_larger_row_count_only_where_it_ran_clearly_faster():
+    """Measured on a Zen 4 VM: the target's linears ran 1-2 rows slower than 4-6 (weights streamed from memory)."""
+    from engine.models.row_padding import padding_table
+
+    seconds = {1: 3.6, 2: 3.7, 3: 3.1, 4: 2.85, 5: 2.8, 6: 2.9, 7: 3.7, 8: 3.8}
+    assert padding_table(seconds) == (0, 4, 4, 3, 4, 5, 6, 7, 8)  # 3: 4 is only 8% faster
+    assert padding_table({1: 1.0, 2: 1.1, 3: 1.2}) == (0, 1, 2, 3)  # cached weights: time grows with the rows
+
+
+def test_calibrated_row_padding_is_set_on_every_packed_linear_once_per_process(monkeypatch):
+    from engine.models import llama, row_padding
+
+    monkeypatch.setattr(row_padding, "_CALIBRATED", {})
+    timed: list[int] = []
+
+    def fake_times(linears, counts):
+        timed.append(len(linears))
+        return {rows: 2.0 if rows < 3 else 1.0 for rows in counts}
+
+    monkeypatch.setattr(row_padding, "time_row_counts", fake_times)
+    models = [torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.Linear(40, 24)) for _ in range(2)]
+    for model in models:
+        assert llama.pack_linears_for_cpu(model)
+        table = row_padding.calibrate_row_padding(model)
+        assert table[:5] == (0, 3, 3, 3, 4)
+        assert all(linear.row_padding is table for linear in model)
+    assert timed == [2]  # the second model of the same shapes reuses the first one's table
+    assert llama.padded_rows(2, table) == 3 and llama.padded_rows(17, table) == 20
+    assert row_padding.calibrate_row_padding(torch.nn.Sequential(torch.nn.ReLU())) is None  # nothing packed (CUDA)
+
+
+def test_row_padding_times_every_count_and_padded_rows_compute_the_same():
+    from engine.models import llama, row_padding
+
+    model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.Linear(40, 24))
+    assert llama.pack_linears_for_cpu(model)
+    seconds = row_padding.time_row_counts(list(model), range(1, 5), rounds=2)
+    assert sorted(seconds) == [1, 2, 3, 4] and all(0 < s < 1 for s in seconds.values())
+    x = torch.randn(2, 24)
+    exact = model(x)
+    for linear in model:
+        linear.row_padding = (0, 4, 4, 4, 4)
+    padded = model(x)  # run at 4 rows, cut back to 2
+    assert padded.shape == (2, 24) and torch.allclose(padded, exact, atol=1e-5)

@@ -1,0 +1,75 @@
+"""Which row count a CPU model's packed linears run each small batch at, as measured on this host at warm-up.
+
+Decode and verification feed a model a few rows per step, and each linear then streams its whole weight from
+memory for them. What oneDNN takes for that does not grow with the rows: on a Zen 4 VM (2 cores, float32) the bundled
+target's linears, run in a forward pass's order, took 3.6-3.8 ms at 1-2 rows, 2.75-2.9 ms at 4-6 and 3.7 ms at 7-8
+(its weights, 44 MB, never stay in cache); its draft model's (6 MB, which its k passes in a row keep in cache) grew
+from 0.24 ms at 1 row to 0.40 ms at 8. Padded to 4 rows, plain decode of the target at 1 and 2 requests ran
+1.05x and 1.10x faster (docs/goodput-guard.md, s56). So each model's linears are timed once per process at every
+row count up to ``EXACT_ROWS``, and a count runs at a larger one where that was clearly faster. Padded rows are
+zeros and are cut off again: a row's result differs only in rounding, as it does between any two row counts.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from engine.models.llama import EXACT_ROWS, PackedLinear
+
+PADDING_GAIN = 0.1  # a larger row count is taken only where it ran this much faster
+NEAR_BEST = 0.03  # ... and then the fewest rows within this share of the fastest count
+TIMING_ROUNDS = 5  # each count's time is its fastest of this many passes, taken in turn with the other counts
+
+_CALIBRATED: dict[tuple, tuple[int, ...]] = {}  # per model's linear shapes and dtype: its row padding, once a process
+
+
+def calibrate_row_padding(model: nn.Module) -> tuple[int, ...] | None:
+    """Time ``model``'s packed linears at each row count up to ``EXACT_ROWS`` and set the padding that
+    `padding_table` makes of it on all of them; the table, or None for a model without packed linears (CUDA). A
+    second model of the same shapes and dtype in the process (another engine of the same pair) reuses the table."""
+    linears = [module for module in model.modules() if isinstance(module, PackedLinear)]
+    if not linears:
+        return None
+    key = (linears[0].weight_dtype,
+           *((linear.in_features, linear.out_features, linear.bias is not None) for linear in linears))
+    table = _CALIBRATED.get(key)
+    if table is None:
+        table = _CALIBRATED[key] = padding_table(time_row_counts(linears, range(1, EXACT_ROWS + 1)))
+    for linear in linears:
+        linear.row_padding = table
+    return table
+
+
+def time_row_counts(linears: list[PackedLinear], counts: range, rounds: int = TIMING_ROUNDS) -> dict[int, float]:
+    """Seconds of one pass through ``linears`` in order (as a forward pass meets them) per row count: the fastest
+    of ``rounds``, the counts taken in turn so that a slow spell of the host touches all of them alike. The first
+    pass of each count, where oneDNN builds its kernel, is not timed."""
+    inputs = {rows: {linear.in_features: torch.zeros(rows, linear.in_features, dtype=linear.weight_dtype)
+                     for linear in linears} for rows in counts}
+    seconds = dict.fromkeys(counts, float("inf"))
+    with torch.inference_mode():
+        for timed in [False] + [True] * rounds:
+            for rows in counts:
+                start = time.perf_counter()
+                for linear in linears:
+                    torch.ops.mkldnn._linear_pointwise(inputs[rows][linear.in_features], linear.packed, linear.bias,
+                                                       "none", [], "")
+                if timed:
+                    seconds[rows] = min(seconds[rows], time.perf_counter() - start)
+    return seconds
+
+
+def padding_table(seconds: dict[int, float]) -> tuple[int, ...]:
+    """Per row count (index; 0 unused): the count it runs at. A count keeps its own unless a larger one measured
+    ran ``PADDING_GAIN`` faster; then it takes the fewest rows within ``NEAR_BEST`` of the fastest larger count."""
+    counts = sorted(seconds)
+    table = list(range(max(counts) + 1))
+    for rows in counts:
+        larger = [count for count in counts if count >= rows]
+        fastest = min(seconds[count] for count in larger)
+        if fastest < (1.0 - PADDING_GAIN) * seconds[rows]:
+            table[rows] = next(count for count in larger if seconds[count] <= (1.0 + NEAR_BEST) * fastest)
+    return tuple(table)
