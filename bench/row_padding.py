@@ -7,7 +7,8 @@ Two parts, in one process on one core:
 2. Lockstep runs (bench/policy_sweep.py's engines and traffic) of ``off``, fixed draft k = 2 and ``adaptive``, each
    beside a twin whose models run every row count exactly: padded / exact throughput per policy and concurrency,
    the median of paired runs. The twins read the same weights; a twin's steps take the padding off the shared
-   linears and put it back. ::
+   linears and put it back. After each run every policy moves on to the next one's engine (``rotate_policies``),
+   and the exact rows go with the twins' policies. ::
 
     taskset -c 0 .venv/bin/python -m bench.row_padding [--workload prose] [--temperature 1.0] [--concurrency 1,2,3,4,8]
 
@@ -23,7 +24,7 @@ import statistics
 import torch
 
 from bench.common import run_engines_lockstep, save, save_plot, table
-from bench.policy_sweep import cell_traffic, make_engines
+from bench.policy_sweep import cell_traffic, make_engines, rotate_policies
 from bench.prompts import PROSE, code_prompts
 from engine.engine import LLMEngine
 from engine.models.llama import EXACT_ROWS, PackedLinear
@@ -38,10 +39,14 @@ def packed_linears(model: torch.nn.Module) -> list[PackedLinear]:
 
 
 def run_exactly(engine: LLMEngine, linears: list[PackedLinear]) -> None:
-    """Make ``engine``'s steps run ``linears`` (shared with other engines) at exact row counts."""
+    """Make ``engine``'s steps run ``linears`` (shared with other engines) at exact row counts while its
+    ``exact_rows`` is set (on by this call)."""
     step = engine.step
+    engine.exact_rows = True
 
     def exact_step():
+        if not engine.exact_rows:
+            return step()
         tables = [linear.row_padding for linear in linears]
         for linear in linears:
             linear.row_padding = None
@@ -77,16 +82,18 @@ def main() -> None:
         print(f"{name}: " + ", ".join(f"{rows}: {ms:.2f}" for rows, ms in passes[name]["ms"].items())
               + f" ms; padding now {passes[name]['table']}, at warm-up {passes[name]['warm_up_table']}", flush=True)
     linears = [linear for model in models.values() for linear in packed_linears(model)]
-    for name, engine in engines.items():
-        if name.endswith(EXACT):
-            run_exactly(engine, linears)
+    for engine in engines.values():
+        run_exactly(engine, linears)
     texts = PROSE if args.workload == "prose" else code_prompts(args.requests, max_chars=500)
     prompts, params = cell_traffic(first.tokenizer, texts, args.requests, args.temperature, 48, 0.5)
     rows = []
     for clients in (int(c) for c in args.concurrency.split(",")):
         rates: dict[str, list[float]] = {name: [] for name in engines}
         for run in range(args.repeats + 1):
+            for name, engine in engines.items():
+                engine.exact_rows = name.endswith(EXACT)
             results = run_engines_lockstep(engines, prompts, params, max_in_flight=clients)
+            rotate_policies(engines)
             if run:
                 for name, result in results.items():
                     rates[name].append(result.tokens_per_s)

@@ -30,3 +30,7 @@ def test_an_exact_twins_steps_run_unpadded_and_restore_the_shared_padding() -> N
         engine.step()
     assert engine.seen == [[None, None]]
     assert all(linear.row_padding is table for linear in packed_linears(model))
+    engine.exact_rows = False  # its policy moved on to another engine
+    with pytest.raises(RuntimeError):
+        engine.step()
+    assert engine.seen[-1] == [table, table]
