@@ -1,13 +1,14 @@
 """Which row count a CPU model's packed linears run each small batch at, as measured on this host at warm-up.
 
 Decode and verification feed a model a few rows per step, and each linear then streams its whole weight from
-memory for them. What oneDNN takes for that does not grow with the rows: on a Zen 4 VM (2 cores, float32) the bundled
-target's linears, run in a forward pass's order, took 3.6-3.8 ms at 1-2 rows, 2.75-2.9 ms at 4-6 and 3.7 ms at 7-8
-(its weights, 44 MB, never stay in cache); its draft model's (6 MB, which its k passes in a row keep in cache) grew
-from 0.24 ms at 1 row to 0.40 ms at 8. Padded to 4 rows, plain decode of the target at 1 and 2 requests ran
-1.05x and 1.10x faster (docs/goodput-guard.md, s56). So each model's linears are timed once per process at every
-row count up to ``EXACT_ROWS``, and a count runs at a larger one where that was clearly faster. Padded rows are
-zeros and are cut off again: a row's result differs only in rounding, as it does between any two row counts.
+memory for them. What oneDNN takes for that is not monotone in the rows: on a Zen 4 VM (2 cores, float32) the
+bundled target's linears, run in a forward pass's order, took 3.6-4.0 ms at 1-2 rows, 2.75-2.9 ms at 4-6 and
+3.5-3.9 ms at 7-8 (its weights, 44 MB, never stay in cache); its draft model's (6 MB, which its k passes in a row
+keep in cache) grew from 0.24-0.30 ms at 1 row to 0.40-0.43 ms at 8. Padded to 4-6 rows, plain decode at 1 and 2
+requests ran 1.09x and 1.13-1.17x faster (bench/row_padding.py, in lockstep with exact rows). So each model's
+linears are timed once per process at every row count up to ``EXACT_ROWS``, and a count runs at a larger one where
+that was clearly faster. Padded rows are zeros and are cut off again: a row's result differs only in rounding, as
+it does between any two row counts.
 """
 
 from __future__ import annotations
