@@ -12,8 +12,10 @@ Two parts, in one process on one core:
 
     taskset -c 0 .venv/bin/python -m bench.row_padding [--workload prose] [--temperature 1.0] [--concurrency 1,2,3,4,8]
 
-Measured on a Zen 4 VM (2 cores; 2026-11-29, ``row_padding.json``): see the module docstring of
-engine/models/row_padding.py and docs/goodput-guard.md (s56).
+Measured on a Zen 4 VM (2 cores, 2026-11-29; ``row_padding_prose.json``, ``--workload prose --temperature 1``, and
+``row_padding_code.json``, ``--workload code --temperature 0``): plain decode ran 1.085-1.091x its exact twin at 1
+client and 1.145-1.169x at 2, 1.014-1.031x at 3-4; fixed draft k = 2 and adaptive 1.00-1.03x at 1-4
+(docs/goodput-guard.md, s56).
 """
 
 from __future__ import annotations
