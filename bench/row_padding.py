@@ -29,15 +29,11 @@ from bench.common import run_engines_lockstep, save, save_plot, table
 from bench.policy_sweep import cell_traffic, make_engines, rotate_policies
 from bench.prompts import PROSE, code_prompts
 from engine.engine import LLMEngine
-from engine.models.llama import EXACT_ROWS, PackedLinear
+from engine.models.llama import EXACT_ROWS, PackedLinear, packed_linears
 from engine.models.row_padding import padding_table, time_row_counts
 
 POLICIES = {"off": {"mode": "off"}, "draft k=2": {"mode": "draft", "k": 2}, "adaptive": {"mode": "auto"}}
 EXACT = " (exact rows)"
-
-
-def packed_linears(model: torch.nn.Module) -> list[PackedLinear]:
-    return [module for module in model.modules() if isinstance(module, PackedLinear)]
 
 
 def run_exactly(engine: LLMEngine, linears: list[PackedLinear]) -> None:

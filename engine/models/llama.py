@@ -296,7 +296,16 @@ class PackedLinear(nn.Module):
         padded = padded_rows(rows, self.row_padding)
         if padded != rows:
             x = F.pad(x, (0, 0, 0, padded - rows))
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")[:rows]
+        return self.multiply(x)[:rows]
+
+    def multiply(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` times the weight (plus bias) at exactly ``x``'s row count."""
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def packed_linears(model: nn.Module) -> list[PackedLinear]:
+    """``model``'s packed linears, in the order its forward pass meets them (none on CUDA)."""
+    return [module for module in model.modules() if isinstance(module, PackedLinear)]
 
 
 EXACT_ROWS = 16  # row counts up to this run as they are, or as a model's calibrated `PackedLinear.row_padding` says
@@ -340,7 +349,7 @@ def touch_linears(model: nn.Module, max_rows: int) -> None:
     Every count up to ``max_rows`` is touched, once per distinct (in, out, dtype, bias) shape."""
     touches = [(module, module.weight_dtype, torch.device("cpu"),
                 sorted({padded_rows(rows, module.row_padding) for rows in range(1, max_rows + 1)}))
-               for module in model.modules() if isinstance(module, PackedLinear)]
+               for module in packed_linears(model)]
     on_cuda = [module for module in model.modules() if isinstance(module, nn.Linear) and module.weight.is_cuda]
     touches += [(module, module.weight.dtype, module.weight.device, range(1, max_rows + 1)) for module in on_cuda]
     # a model's layers share a few shapes: one module of each is touched

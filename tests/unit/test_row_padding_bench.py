@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.row_padding import packed_linears, run_exactly
+from bench.row_padding import run_exactly
 from engine.models import llama
+from engine.models.llama import packed_linears
 
 
 class _Engine:
