@@ -7,8 +7,8 @@ bundled target's linears, run in a forward pass's order, took 3.6-4.0 ms at 1-2 
 keep in cache) grew from 0.24-0.30 ms at 1 row to 0.40-0.43 ms at 8. Padded to 4-6 rows, plain decode at 1 and 2
 requests ran 1.09x and 1.13-1.17x faster (bench/row_padding.py, in lockstep with exact rows). So each model's
 linears are timed once per process at every row count up to ``EXACT_ROWS``, and a count runs at a larger one where
-that was clearly faster. Padded rows are zeros and are cut off again: a row's result differs only in rounding, as
-it does between any two row counts.
+that was clearly faster, in two timings (`confirmed_padding`). Padded rows are zeros and are cut off again: a
+row's result differs only in rounding, as it does between any two row counts.
 """
 
 from __future__ import annotations
@@ -39,10 +39,24 @@ def calibrate_row_padding(model: nn.Module) -> tuple[int, ...] | None:
            *((linear.in_features, linear.out_features, linear.bias is not None) for linear in linears))
     table = _CALIBRATED.get(key)
     if table is None:
-        table = _CALIBRATED[key] = padding_table(time_row_counts(linears, range(1, EXACT_ROWS + 1)))
+        table = _CALIBRATED[key] = confirmed_padding(linears)
     for linear in linears:
         linear.row_padding = table
     return table
+
+
+def confirmed_padding(linears: list[PackedLinear]) -> tuple[int, ...]:
+    """`padding_table` of a timing of every count up to ``EXACT_ROWS``, less each padding that a second timing of the
+    counts it involves does not find ``PADDING_GAIN`` faster too. Where the counts cost about alike, one timing's noise
+    pads now and then: on an Intel Xeon at 2 threads (1-6 rows within 10% of each other), one warm-up in about six
+    padded 1-2 rows to 4, and batch-1 decode then ran 0.90x its exact rows."""
+    table = padding_table(time_row_counts(linears, range(1, EXACT_ROWS + 1)))
+    padded = [rows for rows, target in enumerate(table) if target != rows]
+    if not padded:
+        return table
+    again = time_row_counts(linears, sorted({*padded, *(table[rows] for rows in padded)}))
+    return tuple(target if target == rows or again[target] < (1.0 - PADDING_GAIN) * again[rows] else rows
+                 for rows, target in enumerate(table))
 
 
 def time_row_counts(linears: list[PackedLinear], counts: range, rounds: int = TIMING_ROUNDS) -> dict[int, float]:
