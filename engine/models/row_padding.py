@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -48,8 +49,8 @@ def calibrate_row_padding(model: nn.Module) -> tuple[int, ...] | None:
 def confirmed_padding(linears: list[PackedLinear]) -> tuple[int, ...]:
     """`padding_table` of a timing of every count up to ``EXACT_ROWS``, less each padding that a second timing of the
     counts it involves does not find ``PADDING_GAIN`` faster too. Where the counts cost about alike, one timing's noise
-    pads now and then: on an Intel Xeon at 2 threads (1-6 rows within 10% of each other), one warm-up in about six
-    padded 1-2 rows to 4, and batch-1 decode then ran 0.90x its exact rows."""
+    pads now and then: on an Intel Xeon at 2 threads (1-6 rows within 10% of each other), 2 of 10 timings padded (1-2
+    rows to 4, 3 to 5), as did one engine's warm-up (1-2 to 4), and batch-1 decode then ran 0.90x its exact rows."""
     table = padding_table(time_row_counts(linears, range(1, EXACT_ROWS + 1)))
     padded = [rows for rows, target in enumerate(table) if target != rows]
     if not padded:
@@ -59,7 +60,8 @@ def confirmed_padding(linears: list[PackedLinear]) -> tuple[int, ...]:
                  for rows, target in enumerate(table))
 
 
-def time_row_counts(linears: list[PackedLinear], counts: range, rounds: int = TIMING_ROUNDS) -> dict[int, float]:
+def time_row_counts(linears: list[PackedLinear], counts: Sequence[int],
+                    rounds: int = TIMING_ROUNDS) -> dict[int, float]:
     """Seconds of one pass through ``linears`` in order (as a forward pass meets them) per row count: the median
     of ``rounds``, the counts taken in turn so that a slow spell of the host touches all of them alike. The first
     pass of each count, where oneDNN builds its kernel, is not timed. (Over 5 rounds the fastest pass, a lucky one,
