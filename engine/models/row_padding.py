@@ -47,17 +47,16 @@ def calibrate_row_padding(model: nn.Module) -> tuple[int, ...] | None:
 
 
 def confirmed_padding(linears: list[PackedLinear]) -> tuple[int, ...]:
-    """`padding_table` of a timing of every count up to ``EXACT_ROWS``, less each padding that a second timing of the
-    counts it involves does not find ``PADDING_GAIN`` faster too. Where the counts cost about alike, one timing's noise
+    """`padding_table` of a timing of every count up to ``EXACT_ROWS``, less each padding that the table of a second
+    timing, of the counts involved, does not make too. Where the counts cost about alike, one timing's noise
     pads now and then: on an Intel Xeon at 2 threads (1-6 rows within 10% of each other), 2 of 10 timings padded (1-2
     rows to 4, 3 to 5), as did one engine's warm-up (1-2 to 4), and batch-1 decode then ran 0.90x its exact rows."""
     table = padding_table(time_row_counts(linears, range(1, EXACT_ROWS + 1)))
     padded = [rows for rows, target in enumerate(table) if target != rows]
     if not padded:
         return table
-    again = time_row_counts(linears, sorted({*padded, *(table[rows] for rows in padded)}))
-    return tuple(target if target == rows or again[target] < (1.0 - PADDING_GAIN) * again[rows] else rows
-                 for rows, target in enumerate(table))
+    again = padding_table(time_row_counts(linears, sorted({*padded, *(table[rows] for rows in padded)})))
+    return tuple(target if target == rows or again[rows] != rows else rows for rows, target in enumerate(table))
 
 
 def time_row_counts(linears: list[PackedLinear], counts: Sequence[int],
