@@ -402,7 +402,8 @@ class GoodputGuard:
         plain_rate, plain_measured = self._plain_rate(bucket, spec.sizes)
         if plain_rate is None:
             return "measure plain", None
-        ratio = rate_over_plain(spec, plain_rate, plain_measured) / self._bar(bucket, temperature_key, route)
+        ratio = rate_over_plain(spec, plain_rate, plain_measured, taking_up=not spec.winning)
+        ratio /= self._bar(bucket, temperature_key, route)
         if ratio >= (1.0 if spec.winning else 1.0 + REQUIRED_GAIN):
             return ("speculate" if plain_measured else "measure plain"), ratio
         if ratio >= NEAR_MISS and spec.samples < SURE_SAMPLES:

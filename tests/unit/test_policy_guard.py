@@ -767,6 +767,22 @@ def test_unmeasured_batch_sizes_take_the_cost_model_corrected_by_measured_ones()
     assert allowed_fraction(guard, 16, 0.0) == 1.0
 
 
+def test_plain_decode_measured_late_may_reject_a_figure_paired_with_stand_ins_but_not_take_it_up() -> None:
+    """A first figure at 32 requests ran beside the cost model's stand-ins and read 1.045x, under its bar. Plain
+    decode's first three samples there, one of them slow, then read it 1.08x with no speculative step in between:
+    not a take-up. A probe, its steps paired with measured plain decode, takes a true win up."""
+    guard = GoodputGuard(plain_estimate=lambda batch_size: batch_size / 1000.0)  # plain: 1000 tokens/s
+    for _ in range(SURE):
+        guard.observe(step(32, True, 33.44, 0.032))  # 1045 tokens/s
+    for seconds in (0.0314, 0.0298, 0.0383):
+        guard.observe(step(32, False, 32, seconds))  # 965 tokens/s
+    assert allowed_fraction(guard, 32, 0.0) == 0.0
+    [row] = guard.summary()
+    assert row["speculative"]["draft"]["T=0"]["vs_plain"] == pytest.approx(1045 / 965, rel=0.01)
+    win = step(32, True, 35.2, 0.032)  # 1100 tokens/s: 1.14x plain decode as measured
+    assert allowed_fraction(guard, 32, 0.05, speculative=win, plain=step(32, False, 32, 0.0332)) > 0.9
+
+
 def test_the_evidence_on_speculation_the_plan_may_be_overruled_by() -> None:
     """The draft route's measurements: untried (and not lost at a smaller batch) or a near miss on too few
     steps ask for measurement; a winning verdict says it wins; a settled loss says nothing."""
