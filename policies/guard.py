@@ -15,9 +15,10 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
   ``NEAR_MISS``) rejects only on ``SURE_SAMPLES``.
 - Like with like: speculation is compared with plain decode at its own mix of batch sizes, each of its
   steps paired with a plain step of that size as plain decode ran at that moment (where a size is
-  unmeasured, the cost model's time scaled by its error in the bucket). Plain figures go stale after
-  ``FRESH_SECONDS`` of steps; the next samples restart them, and once two agree on a pace, it moves the bucket's
-  sizes not sampled (`PaceCheck`, `carry_pace`).
+  unmeasured, the cost model's time scaled by its error in the bucket; once plain decode is measured there, a
+  figure paired with those stand-ins is judged against its rate now, which may reject it but not take it up). Plain
+  figures go stale after ``FRESH_SECONDS`` of steps; the next samples restart them, and once two agree on a pace,
+  it moves the bucket's sizes not sampled (`PaceCheck`, `carry_pace`).
 - Catch-up counts: steps where the draft model caught up on tokens it missed are measured like any,
   except the switch into speculation (a first figure's first step, a probe's first speculative step),
   a cost that sustained speculation does not pay.
