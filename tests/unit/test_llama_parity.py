@@ -167,6 +167,20 @@ def test_verification_attends_apart_from_prefill_chunks():
     assert (prefills.batch_size, prefills.max_new, prefills.token_index.tolist()) == (1, long, list(range(1, 1 + long)))
 
 
+def test_a_short_prompt_does_not_pad_verification():
+    """Any run longer than the longest verification is a prefill chunk and attends apart, however short: 32 requests
+    verifying k = 2 padded to a 28-token prompt's length beside them made the target's pass 1.5x slower."""
+    from engine.models.llama import SHORT_RUN, build_attention_metadata
+    from policies.settings import K_LIMIT
+
+    assert SHORT_RUN == K_LIMIT + 1
+    contexts = [torch.arange(0, 40), torch.arange(50, 90), torch.arange(100, 124), torch.arange(200, 217)]
+    verifies, prompts = build_attention_metadata(contexts, [3, 3, 24, K_LIMIT + 1], CPU).groups
+    assert (verifies.batch_size, verifies.max_new, verifies.token_index.tolist()) == (
+        3, K_LIMIT + 1, [0, 1, 2, 3, 4, 5, *range(30, 30 + K_LIMIT + 1)])
+    assert (prompts.batch_size, prompts.max_new, prompts.token_index.tolist()) == (1, 24, list(range(6, 30)))
+
+
 def test_packed_linears_pad_rows_to_a_bounded_set_of_sizes():
     """oneDNN builds a kernel per row count and keeps 1024: the sizes it sees must stay few."""
     from engine.models.llama import PackedLinear, padded_rows
