@@ -11,6 +11,9 @@ every length beside decodes, 0.95x at half plain, half k = 4, and the same where
 tokens (bf16 logits within 0.0625 of each other)::
 
     python -m bench.attention_groups --device cuda --dtype bfloat16
+
+``--short-run`` sets the longest run that attends with the verifying requests (the engine's, 17, is the longest
+verification). At 32, a prose prompt joining a verifying batch padded every verifying request to its length.
 """
 
 from __future__ import annotations
@@ -24,10 +27,14 @@ import torch
 
 from bench.common import make_engine, save, table
 from engine.model_runner import SeqChunk
+from engine.models import llama
+
+PROMPT = 28  # a joining prompt's tokens: the bundled pair's prose prompts are 23-36 with the chat template
 
 
 def mixes(batch: int, rng: random.Random) -> dict[str, list[int]]:
-    """New tokens per request: plain decode, uniform verification, and the mixes an adaptive plan makes."""
+    """New tokens per request: plain decode, uniform verification, the mixes an adaptive plan makes, and a prompt
+    joining a verifying batch (a negative count: a new request's whole prompt, one logit wanted)."""
     half = batch // 2
     return {
         "plain": [1] * batch,
@@ -35,6 +42,7 @@ def mixes(batch: int, rng: random.Random) -> dict[str, list[int]]:
         "half plain, half k=4": [1] * half + [5] * (batch - half),
         "k=0..4 mixed": [1 + i % 5 for i in range(batch)],
         "a third plain, n-gram k=1..8": [1 if i % 3 == 0 else rng.randint(2, 9) for i in range(batch)],
+        f"all k=2, a {PROMPT}-token prompt joining": [3] * batch + [-PROMPT],
     }
 
 
@@ -59,20 +67,25 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=30)
     ap.add_argument("--context", type=int, default=300, help="tokens each request has in the cache before the pass")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--short-run", type=int, default=llama.SHORT_RUN,
+                    help="the longest run that attends with verification (the engine's: %(default)s)")
     args = ap.parse_args()
+    llama.SHORT_RUN = args.short_run
     torch.set_num_threads(1)
     engine = make_engine(args.dtype, args.device, max_seq_len=1024, max_running=64)
     runner, device = engine.runner, torch.device(args.device)
     rng = random.Random(0)
-    ids = [f"r{i}" for i in range(args.batch)]
+    ids = [f"r{i}" for i in range(args.batch + 1)]  # the last one: a joining prompt's
     for request_id in ids:
         runner.cache.allocate(request_id)
         runner.cache.reserve(request_id, args.context + 16)
     rows = []
     with torch.inference_mode():
         for name, num_new in mixes(args.batch, rng).items():
-            chunks = [SeqChunk(request_id, [rng.randrange(1000) for _ in range(n)], args.context, n)
-                      for request_id, n in zip(ids, num_new, strict=True)]
+            chunks = [SeqChunk(request_id, [rng.randrange(1000) for _ in range(abs(n))], 0 if n < 0 else args.context,
+                               1 if n < 0 else n)
+                      for request_id, n in zip(ids, num_new, strict=False)]
+            num_new = [abs(n) for n in num_new]
             apart, apart_logits = time_pass(runner, chunks, False, args.repeats, device)
             merged, merged_logits = time_pass(runner, chunks, True, args.repeats, device)
             diff = max(float((a - b).abs().max()) for a, b in zip(apart_logits, merged_logits, strict=True))
