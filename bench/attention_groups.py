@@ -29,7 +29,7 @@ from bench.common import make_engine, save, table
 from engine.model_runner import SeqChunk
 from engine.models import llama
 
-PROMPT = 28  # a joining prompt's tokens: the bundled pair's prose prompts are 23-36 with the chat template
+PROMPT = 28  # a joining prompt's tokens: bench/prompts.py's prose prompts are 23-36 with the chat template
 
 
 def mixes(batch: int, rng: random.Random) -> dict[str, list[int]]:

@@ -37,8 +37,8 @@ class LlamaArgs:
 
 
 # new-token runs up to this long attend together: the longest verification (k + 1, k <= 16); longer ones (prefill
-# chunks) apart, so that no verifying request is padded to a prefill chunk's length. At 32 the bundled pair's prose
-# prompts (23-36 tokens with the chat template) mostly fell below it: a joined step of 32 requests verifying k = 2
+# chunks) apart, so that no verifying request is padded to a prefill chunk's length. At 32 the sweep's prose prompts
+# (23-36 tokens with the chat template) mostly fell below it: a joined step of 32 requests verifying k = 2
 # beside one 28-token prompt took 57.6 ms of the target's time, against 36-38 ms attending apart (one CPU thread).
 SHORT_RUN = 17
 
@@ -70,8 +70,8 @@ class AttentionGroup:
 class AttentionMetadata:
     """Where each fed token writes its K/V (``write_index``: [num_tokens]) and how queries are grouped.
 
-    Decoding requests (one new token), short runs (verification's k + 1 tokens) and long ones (prefill
-    chunks) attend in separate groups, since a group pads every request to its longest run: padding a
+    Decoding requests (one new token), short runs (verification's k + 1 tokens) and prefill chunks (by length,
+    `_length_class`) attend in separate groups, since a group pads every request to its longest run: padding a
     batch of decodes to one speculating request's k + 1 query rows multiplied the whole batch's attention
     work (CPU, 16 requests: 142 us -> 396 us per layer for k = 2), and padding 30 verifying requests to a
     150-token prefill chunk beside them made a step shared with prefill 26 ms (50%) slower than the same
