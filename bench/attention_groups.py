@@ -46,6 +46,13 @@ def mixes(batch: int, rng: random.Random) -> dict[str, list[int]]:
     }
 
 
+def fed_chunk(request_id: str, num_new: int, context: int, rng: random.Random) -> SeqChunk:
+    """``num_new`` random tokens after ``context`` cached ones, a logit for each; a negative ``num_new``: a joining
+    prompt of that many tokens (nothing cached, one logit)."""
+    tokens = [rng.randrange(1000) for _ in range(abs(num_new))]
+    return SeqChunk(request_id, tokens, 0, 1) if num_new < 0 else SeqChunk(request_id, tokens, context, num_new)
+
+
 def time_pass(runner, chunks: list[SeqChunk], merge: bool, repeats: int, device: torch.device) -> tuple[float, list]:
     """(median milliseconds of the pass, its logits)."""
     runner.merge_decodes = merge
@@ -82,9 +89,7 @@ def main() -> None:
     rows = []
     with torch.inference_mode():
         for name, num_new in mixes(args.batch, rng).items():
-            chunks = [SeqChunk(request_id, [rng.randrange(1000) for _ in range(abs(n))], 0 if n < 0 else args.context,
-                               1 if n < 0 else n)
-                      for request_id, n in zip(ids, num_new, strict=False)]
+            chunks = [fed_chunk(request_id, n, args.context, rng) for request_id, n in zip(ids, num_new, strict=False)]
             num_new = [abs(n) for n in num_new]
             apart, apart_logits = time_pass(runner, chunks, False, args.repeats, device)
             merged, merged_logits = time_pass(runner, chunks, True, args.repeats, device)
