@@ -12,13 +12,17 @@ tokens (bf16 logits within 0.0625 of each other)::
 
     python -m bench.attention_groups --device cuda --dtype bfloat16
 
-``--short-run`` sets the longest run that attends with the verifying requests (the engine's, 17, is the longest
-verification). At 32, a prose prompt joining a verifying batch padded every verifying request to its length.
+``--short-run`` sets ``SHORT_RUN``, the longest run that attends with the verifying requests where groups merge
+(the "merged" column, a GPU's rule; the engine's 17 is the longest verification). At 32, a prose prompt joining a
+verifying batch padded every verifying request to its length. Apart (a CPU's rule) twice the pass's longest
+verification bounds it, so a prompt of up to 17 tokens may attend apart too; the column ``short_runs_joined_ms`` times
+the CPU's rule as it was before (s59: every run up to ``SHORT_RUN`` with the verifying requests).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import time
@@ -26,10 +30,12 @@ import time
 import torch
 
 from bench.common import make_engine, save, table
+from engine import model_runner
 from engine.model_runner import SeqChunk
 from engine.models import llama
 
 PROMPT = 28  # a joining prompt's tokens: bench/prompts.py's prose prompts are 23-36 with the chat template
+SHORT_PROMPTS = (4, 12)  # short completions prompts, or a long prompt's last chunk
 
 
 def mixes(batch: int, rng: random.Random) -> dict[str, list[int]]:
@@ -43,6 +49,7 @@ def mixes(batch: int, rng: random.Random) -> dict[str, list[int]]:
         "k=0..4 mixed": [1 + i % 5 for i in range(batch)],
         "a third plain, n-gram k=1..8": [1 if i % 3 == 0 else rng.randint(2, 9) for i in range(batch)],
         f"all k=2, a {PROMPT}-token prompt joining": [3] * batch + [-PROMPT],
+        **{f"all k=2, a {n}-token prompt joining": [3] * batch + [-n] for n in SHORT_PROMPTS},
     }
 
 
@@ -53,18 +60,39 @@ def fed_chunk(request_id: str, num_new: int, context: int, rng: random.Random) -
     return SeqChunk(request_id, tokens, 0, 1) if num_new < 0 else SeqChunk(request_id, tokens, context, num_new)
 
 
-def time_pass(runner, chunks: list[SeqChunk], merge: bool, repeats: int, device: torch.device) -> tuple[float, list]:
-    """(median milliseconds of the pass, its logits)."""
-    runner.merge_decodes = merge
+def time_ways(runner, chunks: list[SeqChunk], repeats: int, device: torch.device) -> dict[str, tuple[float, list]]:
+    """Per way of grouping (`WAYS`): the median milliseconds of the pass, and its logits. The ways take turns every
+    repeat: timed one after the other, identical groupings read 5-15% apart on a shared VM."""
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times, logits = [], None
-    for _ in range(repeats + 2):  # two untimed: first touches
-        synchronize()
-        start = time.perf_counter()
-        logits = runner.execute(chunks)
-        synchronize()
-        times.append(1e3 * (time.perf_counter() - start))
-    return statistics.median(times[2:]), logits
+    times: dict[str, list[float]] = {way: [] for way in WAYS}
+    logits = {}
+    for repeat in range(repeats + 2):  # two untimed: first touches
+        for way, (merge, grouping) in WAYS.items():
+            runner.merge_decodes = merge
+            with grouping():
+                synchronize()
+                start = time.perf_counter()
+                logits[way] = runner.execute(chunks)
+                synchronize()
+            if repeat >= 2:
+                times[way].append(1e3 * (time.perf_counter() - start))
+    return {way: (statistics.median(times[way]), logits[way]) for way in WAYS}
+
+
+@contextlib.contextmanager
+def verifications_unknown():
+    """Group as the runner did before it told verifications apart: every run up to ``SHORT_RUN`` together."""
+    build = model_runner.build_attention_metadata
+    model_runner.build_attention_metadata = lambda contexts, num_new, device, merge, _num_logits: build(
+        contexts, num_new, device, merge)
+    try:
+        yield
+    finally:
+        model_runner.build_attention_metadata = build
+
+
+WAYS = {"apart": (False, contextlib.nullcontext), "merged": (True, contextlib.nullcontext),
+        "short_runs_joined": (False, verifications_unknown)}  # (merge_decodes, grouping)
 
 
 def main() -> None:
@@ -75,7 +103,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=300, help="tokens each request has in the cache before the pass")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--short-run", type=int, default=llama.SHORT_RUN,
-                    help="the longest run that attends with verification (the engine's: %(default)s)")
+                    help="SHORT_RUN: the longest run that attends with verification where groups merge (%(default)s)")
     args = ap.parse_args()
     llama.SHORT_RUN = args.short_run
     torch.set_num_threads(1)
@@ -91,11 +119,12 @@ def main() -> None:
         for name, num_new in mixes(args.batch, rng).items():
             chunks = [fed_chunk(request_id, n, args.context, rng) for request_id, n in zip(ids, num_new, strict=False)]
             num_new = [abs(n) for n in num_new]
-            apart, apart_logits = time_pass(runner, chunks, False, args.repeats, device)
-            merged, merged_logits = time_pass(runner, chunks, True, args.repeats, device)
+            timed = time_ways(runner, chunks, args.repeats, device)
+            (apart, apart_logits), (merged, merged_logits), (joined, _) = timed.values()
             diff = max(float((a - b).abs().max()) for a, b in zip(apart_logits, merged_logits, strict=True))
             rows.append({"mix": name, "tokens": sum(num_new), "groups_apart_ms": apart, "merged_ms": merged,
-                         "merged_vs_apart": merged / apart, "max_logit_diff": diff})
+                         "merged_vs_apart": merged / apart, "short_runs_joined_ms": joined,
+                         "apart_vs_joined": apart / joined, "max_logit_diff": diff})
     print(table(rows, list(rows[0])))
     print(f"saved {save(f'attention_groups_{args.device}_{args.dtype}', {'args': vars(args), 'rows': rows})}")
 

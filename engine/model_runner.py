@@ -53,7 +53,7 @@ class ModelRunner:
             contexts.append(self.cache.indices(chunk.request_id, end))
             logit_rows.extend(range(offset + n - chunk.num_logits, offset + n))
         meta = build_attention_metadata(contexts, [len(c.token_ids) for c in chunks], self.device,
-                                        self.merge_decodes)
+                                        self.merge_decodes, [c.num_logits for c in chunks])
         logits = self.model(
             torch.tensor(tokens, device=self.device),
             torch.tensor(positions, device=self.device),

@@ -181,6 +181,23 @@ def test_a_short_prompt_does_not_pad_verification():
     assert (prompts.batch_size, prompts.max_new, prompts.token_index.tolist()) == (1, 24, list(range(6, 30)))
 
 
+def test_a_prompt_shorter_than_short_run_pads_no_verification():
+    """Told which runs are verifications (scored at every token), a prompt over twice as long as all of them attends
+    apart even under SHORT_RUN; without verifications, or merging groups (a GPU), short runs keep one group."""
+    from engine.models.llama import build_attention_metadata
+
+    contexts = [torch.arange(0, 40), torch.arange(50, 90), torch.arange(100, 110), torch.arange(200, 212)]
+    verifies, prompts = build_attention_metadata(contexts, [3, 3, 10, 12], CPU, num_logits=[3, 3, 1, 1]).groups
+    assert (verifies.batch_size, verifies.max_new, verifies.uniform) == (2, 3, True)
+    assert verifies.token_index.tolist() == list(range(6))
+    assert (prompts.batch_size, prompts.max_new, prompts.token_index.tolist()) == (2, 12, list(range(6, 28)))
+    joined, _ = build_attention_metadata(contexts, [3, 3, 6, 12], CPU, num_logits=[3, 3, 1, 1]).groups
+    assert (joined.batch_size, joined.max_new) == (3, 6)  # up to twice a verification's length, a prompt joins it
+    for merged, num_logits in ((True, [3, 3, 1, 1]), (False, [1, 1, 1, 1])):
+        (short,) = build_attention_metadata(contexts, [3, 3, 10, 12], CPU, merged, num_logits).groups
+        assert (short.batch_size, short.max_new) == (4, 12)
+
+
 def test_prefill_chunks_attend_with_others_of_about_their_length():
     """Prompts of lengths apart by over 2x attend apart; a 50-token prompt padded to a 200-token one beside it made a
     verifying step 18% slower."""
