@@ -94,7 +94,7 @@ def build_attention_metadata(
     ``num_logits``: logits wanted per run; a run scored at every token is a verification. Where it is given and
     groups are not merged, a short run over twice the longest verification (a short prompt, a long prompt's last
     chunk) attends apart too, as prefill chunks do: 30 requests verifying k = 2 beside a 10-17 token prompt took
-    7-20% less time apart (one CPU thread), while a 4-5 token prompt was 3-10% cheaper joining them.
+    6-20% less time apart (one CPU thread), while a 4-5 token prompt was 3-11% cheaper joining them.
     """
     writes = [idx[idx.numel() - n:] for idx, n in zip(context_indices, num_new)]
     short_run = SHORT_RUN
