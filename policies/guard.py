@@ -47,7 +47,6 @@ re-measurement can read a loss where sustained speculation wins, and the rejecti
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 from collections.abc import Callable
@@ -462,7 +461,8 @@ class GoodputGuard:
         estimate = self.plain_estimate
         calibration: float | None = None  # computed at the first unmeasured size: most often none is asked for
 
-        @functools.cache
+        # not memoised: the cost model keeps its plain predictions per batch size, and a `functools.cache` made for
+        # every step took longer to make than the calls it saved
         def seconds(size: int) -> float | None:
             nonlocal calibration
             if size in measured:
