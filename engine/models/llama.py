@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -61,10 +61,22 @@ class AttentionGroup:
     batch_size: int
     max_new: int
     uniform: bool = False  # all requests feed max_new tokens (pure decode, equal-k verification): no padding
+    _folded_masks: dict = field(default_factory=dict, repr=False)  # heads per kv head -> `folded_mask`
 
     @property
     def gather_flat(self) -> torch.Tensor:
         return self.gather_index.view(-1)
+
+    def folded_mask(self, heads_per_kv: int) -> torch.Tensor | None:
+        """The mask for queries folded by `Attention._attend_folded` (``[batch, kv_heads, heads_per_kv * max_new,
+        head_dim]``, the query heads of one kv head one after another): each query row's mask once per head of its kv
+        head. Built once a pass, for all layers."""
+        if self.mask is None:
+            return None
+        mask = self._folded_masks.get(heads_per_kv)
+        if mask is None:
+            mask = self._folded_masks[heads_per_kv] = self.mask.repeat(1, 1, heads_per_kv, 1)
+        return mask
 
 
 @dataclass
@@ -261,10 +273,32 @@ class Attention(nn.Module):
             padded = q.new_zeros(group.batch_size * group.max_new, self.num_heads, self.head_dim)
             padded[group.scatter_index] = q
             queries = padded.view(group.batch_size, group.max_new, self.num_heads, self.head_dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask,
-                                             enable_gqa=self.num_kv_heads != self.num_heads)
+        if 1 < group.max_new <= SHORT_RUN and not queries.is_cuda:
+            out = self._attend_folded(queries, keys, values, group)
+        else:
+            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask,
+                                                 enable_gqa=self.num_kv_heads != self.num_heads)
         out = out.transpose(1, 2).reshape(group.batch_size * group.max_new, self.q_size)
         return out if group.uniform else out[group.scatter_index]
+
+    def _attend_folded(self, queries, keys, values, group: AttentionGroup) -> torch.Tensor:
+        """``queries`` ``[batch, heads, max_new, head_dim]`` attended as ``[batch, kv_heads, heads_per_kv * max_new,
+        head_dim]``: the query heads of each kv head fold into one query axis, so that one attention call per kv head
+        serves them all, without ``enable_gqa``'s per-head work. CPU, for short runs (verification, a draft catch-up).
+
+        One thread, the bundled target (6 heads, 2 kv heads), 60-110 token contexts, attention's time a pass (K/V
+        gathers included, medians of 10 rounds taken in turn): 32 requests verifying k = 2 0.67-0.74x, 8 requests
+        0.70-0.86x. Fixed draft k = 2 in lockstep with itself unfolded (3-4 runs): 1.045x at 32 prose clients (T = 1),
+        1.032x at 32 code clients (T = 0.7), 1.026x at 16, 1.013x at 8 prose clients, 1.005-1.021x at 2-4. Decodes
+        (one query a request) gained nothing steady (0.91-1.03x at 32, up to 1.13x slower at 2), nor did prefill chunks
+        (0.97-1.03x at 40-150 tokens, whose mask would grow by the heads per kv head): they keep ``enable_gqa``. Results
+        differ in rounding only (~6e-7 here); neither way gives a query row bitwise the same result at every query
+        count and padded context length."""
+        batch, _, max_new, head_dim = queries.shape
+        heads_per_kv = self.num_heads // self.num_kv_heads
+        folded = queries.reshape(batch, self.num_kv_heads, heads_per_kv * max_new, head_dim)
+        out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=group.folded_mask(heads_per_kv))
+        return out.view(batch, self.num_heads, max_new, head_dim)
 
 
 class MLP(nn.Module):

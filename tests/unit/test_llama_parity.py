@@ -139,6 +139,33 @@ def test_decodes_attend_apart_from_multi_token_requests():
     assert only.token_index is None and only.max_new == 4 and not only.uniform
 
 
+@pytest.mark.parametrize("runs", [[3, 3, 3], [3, 2, 4]])
+def test_short_runs_fold_query_heads_per_kv_head_and_attend_as_each_head_alone(runs):
+    """On a CPU a short run's query heads attend folded by kv head (one call per kv head, a mask per pass); each
+    query head still sees exactly its kv head's keys, under its own causal mask, padded queries or not."""
+    from engine.models.llama import Attention, LlamaArgs, build_attention_metadata
+
+    args = LlamaArgs(vocab_size=8, hidden_size=96, intermediate_size=8, num_layers=1, num_heads=6, num_kv_heads=2,
+                     head_dim=16, rms_norm_eps=1e-5, rope_theta=1e4, rope_scaling=None, max_position_embeddings=64,
+                     tie_word_embeddings=False)
+    attention = Attention(args)
+    gen = torch.Generator().manual_seed(0)
+    contexts = [torch.arange(start, start + length) for start, length in ((0, 9), (20, 14), (40, 6))]
+    (group,) = build_attention_metadata(contexts, runs, CPU).groups
+    k_cache, v_cache = (torch.randn(64, 2, 16, generator=gen) for _ in range(2))
+    q = torch.randn(sum(runs), 6, 16, generator=gen)
+    out = attention._attend(q, k_cache, v_cache, group).view(sum(runs), 6, 16)
+    row = 0
+    for context, run in zip(contexts, runs, strict=True):
+        for i in range(run):
+            visible = context[: len(context) - run + i + 1]  # keys up to the query's own position
+            for head in range(6):
+                keys, values = k_cache[visible, head // 3], v_cache[visible, head // 3]
+                weights = torch.softmax(keys @ q[row, head] / 4.0, dim=0)
+                assert torch.allclose(out[row, head], weights @ values, atol=1e-5)
+            row += 1
+
+
 def test_merged_decodes_attend_with_short_runs_only():
     """On a GPU decodes join the verifying requests' group (one attention call fewer per layer), never a prefill
     chunk's; a batch of decodes alone keeps its unmasked decode group."""
