@@ -42,6 +42,9 @@ class LlamaArgs:
 # beside one 28-token prompt took 57.6 ms of the target's time, against 36-38 ms attending apart (one CPU thread).
 # On a CPU, where the runner says which runs are verifications, the bound is twice the pass's longest verification.
 SHORT_RUN = 17
+# CPU: short runs attend with each kv head's query heads folded into one query axis (`Attention._attend_folded`);
+# bench/attention_fold.py turns it off for a twin engine's steps, to compare
+FOLD_SHORT_RUNS = True
 
 
 @dataclass
@@ -273,7 +276,7 @@ class Attention(nn.Module):
             padded = q.new_zeros(group.batch_size * group.max_new, self.num_heads, self.head_dim)
             padded[group.scatter_index] = q
             queries = padded.view(group.batch_size, group.max_new, self.num_heads, self.head_dim).transpose(1, 2)
-        if 1 < group.max_new <= SHORT_RUN and not queries.is_cuda:
+        if 1 < group.max_new <= SHORT_RUN and FOLD_SHORT_RUNS and not queries.is_cuda:
             out = self._attend_folded(queries, keys, values, group)
         else:
             out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask,

@@ -1,0 +1,133 @@
+"""Does folding each kv head's query heads into one query axis (CPU attention of short runs: verification, draft
+catch-ups; `engine.models.llama.Attention._attend_folded`) pay, end to end?
+
+Lockstep runs (bench/policy_sweep.py's engines and traffic) of ``off``, fixed draft k = 2 and ``adaptive``, each
+beside a twin whose steps attend per head (``enable_gqa``, as before the fold): folded / per-head throughput per
+policy and cell, the median of paired runs, and each policy's ratio to ``off`` both ways. The twins read the same
+weights. After each run every policy moves on to the next one's engine (``rotate_policies``), and the per-head
+attention goes with the twins' policies. ::
+
+    taskset -c 0 .venv/bin/python -m bench.attention_fold [--cells code:0.7:32,prose:1:32] [--repeats 3]
+
+Measured on a Zen 3 VM (1 thread, 2026-11-30, before this script, with the same twins; docs/goodput-guard.md, s62):
+fixed draft k = 2 read 1.045x its per-head twin at 32 prose clients (T = 1; 0.964x -> 1.021x ``off``), 1.032x at 32
+code clients (T = 0.7; 1.009x -> 1.058x), 1.026x at 16 code clients (T = 1), 1.013x at 8 prose clients (T = 0.7) and
+1.005-1.021x at 2-4; ``off``, whose steps have no short runs but short prompts, 0.990-1.005x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from bench.common import run_engines_lockstep, save, save_plot, table
+from bench.policy_sweep import cell_traffic, make_engines, rotate_policies
+from bench.prompts import PROSE, code_prompts
+from engine.engine import LLMEngine
+from engine.models import llama
+
+POLICIES = {"off": {"mode": "off"}, "draft k=2": {"mode": "draft", "k": 2}, "adaptive": {"mode": "auto"}}
+PER_HEAD = " (per head)"
+
+
+def attend_per_head(engine: LLMEngine) -> None:
+    """Make ``engine``'s steps attend per head (``llama.FOLD_SHORT_RUNS`` off, shared by every engine of the process)
+    while its ``per_head`` is set (on by this call)."""
+    step = engine.step
+    engine.per_head = True
+
+    def per_head_step():
+        if not engine.per_head:
+            return step()
+        llama.FOLD_SHORT_RUNS = False
+        try:
+            return step()
+        finally:
+            llama.FOLD_SHORT_RUNS = True
+
+    engine.step = per_head_step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cells", default="prose:1:32,code:0.7:32,code:1:16,prose:0.7:8,code:0:4,prose:0:2",
+                    help="workload:temperature:clients, comma-separated")
+    ap.add_argument("--policies", default=",".join(POLICIES), help=f"among {', '.join(POLICIES)} (off is always run)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell, after one untimed")
+    ap.add_argument("--output", default="attention_fold")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    policies = {name: POLICIES[name] for name in ["off", *args.policies.split(",")] if name in POLICIES}
+    engines = make_engines({name + twin: settings for name, settings in policies.items() for twin in ("", PER_HEAD)},
+                           "float32", "cpu")
+    for engine in engines.values():
+        attend_per_head(engine)
+    tokenizer = next(iter(engines.values())).tokenizer
+    rows = []
+    for cell in args.cells.split(","):
+        workload, temperature, clients = cell.split(":")
+        texts = PROSE if workload == "prose" else code_prompts(64, max_chars=500)
+        num_requests = max(32, 4 * int(clients))
+        prompts, params = cell_traffic(tokenizer, texts, num_requests, float(temperature), 48, 0.5)
+        rates: dict[str, list[float]] = {name: [] for name in engines}
+        for run in range(args.repeats + 1):
+            for name, engine in engines.items():
+                engine.per_head = name.endswith(PER_HEAD)
+            results = run_engines_lockstep(engines, prompts, params, max_in_flight=int(clients))
+            rotate_policies(engines)
+            if run:
+                for name, result in results.items():
+                    rates[name].append(result.tokens_per_s)
+        row = {"cell": f"{workload} T={temperature} c={clients}"}
+        for name in policies:
+            row[f"{name} tok/s"] = statistics.median(rates[name])
+            row[f"{name} folded/per-head"] = paired(rates[name], rates[name + PER_HEAD])
+            if name != "off":
+                row[f"{name}/off"] = paired(rates[name], rates["off"])
+                row[f"{name}/off, per head"] = paired(rates[name + PER_HEAD], rates["off" + PER_HEAD])
+        rows.append(row)
+        print(table([row], list(row)), flush=True)
+    print(table(rows, list(rows[0])))
+    save(args.output, {"args": vars(args), "cells": rows})
+    plot(rows, list(policies), args.output)
+
+
+def paired(rates: list[float], others: list[float]) -> float:
+    """The median of the runs' ratios (each run's engines stepped in lockstep)."""
+    return statistics.median(rate / other for rate, other in zip(rates, others, strict=True))
+
+
+def plot(rows: list[dict], policies: list[str], output: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (gains, vs_off) = plt.subplots(1, 2, figsize=(12, 4.5))
+    cells = [row["cell"] for row in rows]
+    width = 0.8 / len(policies)
+    for i, name in enumerate(policies):
+        gains.bar([c + i * width for c in range(len(cells))], [row[f"{name} folded/per-head"] for row in rows],
+                  width, label=name)
+    gains.axhline(1.0, color="grey", linewidth=0.8)
+    gains.set(ylabel="throughput, folded / per head", title="Folded short-run attention, lockstep", ylim=(0.9, None))
+    gains.set_xticks(range(len(cells)), cells, rotation=30, ha="right")
+    gains.legend()
+    speculative = [name for name in policies if name != "off"]
+    for i, name in enumerate(speculative):
+        for j, (suffix, hatch) in enumerate((("", None), (", per head", "//"))):
+            vs_off.bar([c + (2 * i + j) * 0.8 / (2 * len(speculative)) for c in range(len(cells))],
+                       [row[f"{name}/off{suffix}"] for row in rows], 0.8 / (2 * len(speculative)),
+                       label=name + (suffix or ", folded"), hatch=hatch, color=f"C{i + 1}", alpha=0.6 if j else 1.0)
+    vs_off.axhline(1.0, color="grey", linewidth=0.8)
+    vs_off.set(ylabel="throughput / off", title="Speculation against plain decode", ylim=(0.8, None))
+    vs_off.set_xticks(range(len(cells)), cells, rotation=30, ha="right")
+    vs_off.legend(fontsize=8)
+    fig.tight_layout()
+    save_plot(fig, output)
+
+
+if __name__ == "__main__":
+    main()
