@@ -291,10 +291,11 @@ class Attention(nn.Module):
 
         One thread, the bundled target (6 heads, 2 kv heads), 60-110 token contexts, attention's time a pass (K/V
         gathers included, medians of 10 rounds taken in turn): 32 requests verifying k = 2 0.67-0.74x, 8 requests
-        0.70-0.86x. Fixed draft k = 2 in lockstep with itself unfolded (3-4 runs): 1.045x at 32 prose clients (T = 1),
-        1.032x at 32 code clients (T = 0.7), 1.026x at 16, 1.013x at 8 prose clients, 1.005-1.021x at 2-4. Decodes
-        (one query a request) gained nothing steady (0.91-1.03x at 32, up to 1.13x slower at 2), nor did prefill chunks
-        (0.97-1.03x at 40-150 tokens, whose mask would grow by the heads per kv head): they keep ``enable_gqa``. Results
+        0.70-0.86x. Fixed draft k = 2 in lockstep with itself unfolded (3-4 runs; bench/attention_fold.py): 1.045x at
+        32 prose clients (T = 1), 1.032x at 32 code clients (T = 0.7), 1.026x at 16 code clients (T = 1), 1.013x at 8
+        prose clients, 1.005-1.021x at 2-4. Decodes (one query a request) gained nothing steady (0.91-1.03x at 32,
+        1.13-1.37x slower at 2), nor did prefill chunks (0.97-1.03x at 40-150 tokens, whose mask would grow by the
+        heads per kv head): they keep ``enable_gqa``. Results
         differ in rounding only (~6e-7 here); neither way gives a query row bitwise the same result at every query
         count and padded context length."""
         batch, _, max_new, head_dim = queries.shape
