@@ -12,7 +12,10 @@ attention goes with the twins' policies. ::
 Measured on a Zen 3 VM (1 thread, 2026-11-30, before this script, with the same twins; docs/goodput-guard.md, s62):
 fixed draft k = 2 read 1.045x its per-head twin at 32 prose clients (T = 1; 0.964x -> 1.021x ``off``), 1.032x at 32
 code clients (T = 0.7; 1.009x -> 1.058x), 1.026x at 16 code clients (T = 1), 1.013x at 8 prose clients (T = 0.7) and
-1.005-1.021x at 2-4; ``off``, whose steps have no short runs but short prompts, 0.990-1.005x.
+1.005-1.021x at 2-4; ``off``, whose steps have no short runs but short prompts, 0.990-1.005x. This script, the same day
+(``--policies "draft k=2" --repeats 3``, one cell a core; ``attention_fold_code_t07_c32.json``,
+``attention_fold_prose_t1_c32.json``): draft k = 2 1.06x its twin at 32 code clients, T = 0.7 (0.979x -> 1.04x ``off``),
+1.04x at 32 prose clients, T = 1 (0.963x -> 0.995x); ``off`` 0.996-0.998x.
 """
 
 from __future__ import annotations
