@@ -25,8 +25,8 @@ import statistics
 
 import torch
 
-from bench.common import run_engines_lockstep, save, save_plot, table
-from bench.policy_sweep import cell_traffic, make_engines, rotate_policies
+from bench.common import save, save_plot, table
+from bench.policy_sweep import cell_traffic, make_engines, paired_median, runs_beside_twins
 from bench.prompts import PROSE, code_prompts
 from engine.engine import LLMEngine
 from engine.models import llama
@@ -74,32 +74,19 @@ def main() -> None:
         texts = PROSE if workload == "prose" else code_prompts(64, max_chars=500)
         num_requests = max(32, 4 * int(clients))
         prompts, params = cell_traffic(tokenizer, texts, num_requests, float(temperature), 48, 0.5)
-        rates: dict[str, list[float]] = {name: [] for name in engines}
-        for run in range(args.repeats + 1):
-            for name, engine in engines.items():
-                engine.per_head = name.endswith(PER_HEAD)
-            results = run_engines_lockstep(engines, prompts, params, max_in_flight=int(clients))
-            rotate_policies(engines)
-            if run:
-                for name, result in results.items():
-                    rates[name].append(result.tokens_per_s)
+        rates = runs_beside_twins(engines, prompts, params, int(clients), args.repeats, PER_HEAD, "per_head")
         row = {"cell": f"{workload} T={temperature} c={clients}"}
         for name in policies:
             row[f"{name} tok/s"] = statistics.median(rates[name])
-            row[f"{name} folded/per-head"] = paired(rates[name], rates[name + PER_HEAD])
+            row[f"{name} folded/per-head"] = paired_median(rates[name], rates[name + PER_HEAD])
             if name != "off":
-                row[f"{name}/off"] = paired(rates[name], rates["off"])
-                row[f"{name}/off, per head"] = paired(rates[name + PER_HEAD], rates["off" + PER_HEAD])
+                row[f"{name}/off"] = paired_median(rates[name], rates["off"])
+                row[f"{name}/off, per head"] = paired_median(rates[name + PER_HEAD], rates["off" + PER_HEAD])
         rows.append(row)
         print(table([row], list(row)), flush=True)
     print(table(rows, list(rows[0])))
     save(args.output, {"args": vars(args), "cells": rows})
     plot(rows, list(policies), args.output)
-
-
-def paired(rates: list[float], others: list[float]) -> float:
-    """The median of the runs' ratios (each run's engines stepped in lockstep)."""
-    return statistics.median(rate / other for rate, other in zip(rates, others, strict=True))
 
 
 def plot(rows: list[dict], policies: list[str], output: str) -> None:

@@ -277,6 +277,28 @@ def rotate_policies(engines: dict[str, LLMEngine]) -> None:
     engines.update(moved)
 
 
+def runs_beside_twins(engines: dict[str, LLMEngine], prompts: list[list[int]], params: list[SamplingParams],
+                      clients: int, repeats: int, twin_suffix: str, twin_flag: str) -> dict[str, list[float]]:
+    """Tokens/s per engine name over ``repeats`` lockstep runs, after one untimed, with every policy beside a twin
+    (its name + ``twin_suffix``) whose engine's steps differ while the engine's ``twin_flag`` attribute is set. The
+    flags are set anew before each run, since ``rotate_policies`` moves the policies across engines after each."""
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    for run in range(repeats + 1):
+        for name, engine in engines.items():
+            setattr(engine, twin_flag, name.endswith(twin_suffix))
+        results = run_engines_lockstep(engines, prompts, params, max_in_flight=clients)
+        rotate_policies(engines)
+        if run:
+            for name, result in results.items():
+                rates[name].append(result.tokens_per_s)
+    return rates
+
+
+def paired_median(rates: list[float], others: list[float]) -> float:
+    """The median of the runs' ratios (each run's engines stepped in lockstep)."""
+    return statistics.median(rate / other for rate, other in zip(rates, others, strict=True))
+
+
 def guard_at_load(stats: dict, concurrency: int) -> list[dict]:
     """The goodput guard's figures in a policy's ``stats`` for the batch sizes a cell of ``concurrency`` clients runs at
     most of its time: its own bucket and the one below (the batch drains through it). What the guard measured is why

@@ -25,8 +25,8 @@ import statistics
 
 import torch
 
-from bench.common import run_engines_lockstep, save, save_plot, table
-from bench.policy_sweep import cell_traffic, make_engines, rotate_policies
+from bench.common import save, save_plot, table
+from bench.policy_sweep import cell_traffic, make_engines, paired_median, runs_beside_twins
 from bench.prompts import PROSE, code_prompts
 from engine.engine import LLMEngine
 from engine.models.llama import EXACT_ROWS, PackedLinear, packed_linears
@@ -86,23 +86,13 @@ def main() -> None:
     prompts, params = cell_traffic(first.tokenizer, texts, args.requests, args.temperature, 48, 0.5)
     rows = []
     for clients in (int(c) for c in args.concurrency.split(",")):
-        rates: dict[str, list[float]] = {name: [] for name in engines}
-        for run in range(args.repeats + 1):
-            for name, engine in engines.items():
-                engine.exact_rows = name.endswith(EXACT)
-            results = run_engines_lockstep(engines, prompts, params, max_in_flight=clients)
-            rotate_policies(engines)
-            if run:
-                for name, result in results.items():
-                    rates[name].append(result.tokens_per_s)
+        rates = runs_beside_twins(engines, prompts, params, clients, args.repeats, EXACT, "exact_rows")
         row = {"clients": clients}
         for name in POLICIES:
             row[f"{name} tok/s"] = statistics.median(rates[name])
-            row[f"{name} padded/exact"] = statistics.median(
-                padded / exact for padded, exact in zip(rates[name], rates[name + EXACT], strict=True))
-        row["adaptive/off"] = statistics.median(a / o for a, o in zip(rates["adaptive"], rates["off"], strict=True))
-        row["adaptive/off, exact"] = statistics.median(
-            a / o for a, o in zip(rates["adaptive" + EXACT], rates["off" + EXACT], strict=True))
+            row[f"{name} padded/exact"] = paired_median(rates[name], rates[name + EXACT])
+        row["adaptive/off"] = paired_median(rates["adaptive"], rates["off"])
+        row["adaptive/off, exact"] = paired_median(rates["adaptive" + EXACT], rates["off" + EXACT])
         rows.append(row)
         print(table([row], list(row)), flush=True)
     print(table(rows, list(rows[0])))

@@ -295,9 +295,8 @@ class Attention(nn.Module):
         32 prose clients (T = 1), 1.032x at 32 code clients (T = 0.7), 1.026x at 16 code clients (T = 1), 1.013x at 8
         prose clients, 1.005-1.021x at 2-4. Decodes (one query a request) gained nothing steady (0.91-1.03x at 32,
         1.13-1.37x slower at 2), nor did prefill chunks (0.97-1.03x at 40-150 tokens, whose mask would grow by the
-        heads per kv head): they keep ``enable_gqa``. Results
-        differ in rounding only (~6e-7 here); neither way gives a query row bitwise the same result at every query
-        count and padded context length."""
+        heads per kv head): they keep ``enable_gqa``. Results differ in rounding only (~6e-7 here); neither way gives
+        a query row bitwise the same result at every query count and padded context length."""
         batch, _, max_new, head_dim = queries.shape
         heads_per_kv = self.num_heads // self.num_kv_heads
         folded = queries.reshape(batch, self.num_kv_heads, heads_per_kv * max_new, head_dim)
