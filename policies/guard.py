@@ -522,16 +522,18 @@ def _probe_scale(vs_plain: float | None, catch_up: float = 0.0, winning: bool = 
     that cost beyond an ordinary speculative step, in plain steps, as the last probes measured it), so the
     shortfall is the whole burst's, over ``PROBE_BURST``. Where bursts were measured whole (``burst_loss``: plain
     steps lost over a burst, an average, see `_charge_probes`), the dearer of the two counts. Winning speculation
-    (``winning``: over its bar, or kept down to break-even): plain steps at ``min(1, 2 x REQUIRED_GAIN / gain)``
-    of the rate, rarer the more it wins (each plain probe gives up part of a step's tokens and makes the draft
-    model catch up in the next). Either way the throughput that probing is expected to cost, the probed share
-    times what that arm loses per step, stays below probe_rate x 2 x ``REQUIRED_GAIN`` (0.5% at the default rate).
+    (``winning``: over its bar, or kept down to break-even): plain steps at ``2 x REQUIRED_GAIN / gain`` of the
+    rate, at most ``MAX_PROBE_BOOST``: rarer the more it wins (each plain probe gives up part of a step's tokens
+    and makes the draft model catch up in the next), more often the closer it runs to break-even, where a plain
+    step costs next to nothing and the verdict rests most on how fresh the plain figures it is paired with are.
+    Either way the throughput that probing is expected to cost, the probed share times what that arm loses per
+    step, stays below probe_rate x 2 x ``REQUIRED_GAIN`` (0.5% at the default rate).
     """
     if not vs_plain:
         return 1.0
     gain = vs_plain - 1.0
     if winning or gain >= REQUIRED_GAIN:
-        return min(1.0, 2.0 * REQUIRED_GAIN / gain) if gain > 2.0 * REQUIRED_GAIN else 1.0
+        return min(MAX_PROBE_BOOST, 2.0 * REQUIRED_GAIN / gain) if gain > 0.0 else MAX_PROBE_BOOST
     burst_cost = PROBE_BURST * (REQUIRED_GAIN - gain) + catch_up  # in plain steps, the shortfall counted to the bar
     if burst_loss is not None:
         burst_cost = max(burst_cost, PROBE_BURST * REQUIRED_GAIN + burst_loss)

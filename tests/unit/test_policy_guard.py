@@ -117,6 +117,26 @@ def test_verdict_follows_the_measured_rates_with_probes(spec_tokens: float, prob
     assert allowed_fraction(guard, 1, 0.05) == 1.0  # another bucket knows nothing yet
 
 
+# held winning speculation 2% over plain decode (1632 tokens/s): plain probes at MAX_PROBE_BOOST x 5%; 6% over it:
+# at 5% x 0.1 / 0.06; 25% over it: at 5% x 0.1 / 0.25
+@pytest.mark.parametrize(("held_tokens", "plain_share"), [
+    (24.48, 0.05 * MAX_PROBE_BOOST), (25.44, 0.05 * 0.1 / 0.06), (30, 0.05 * 0.1 / 0.25)])
+def test_winning_speculation_is_probed_the_more_often_the_closer_it_runs_to_break_even(
+        held_tokens: float, plain_share: float) -> None:
+    """A plain probe of winning speculation costs what speculation gains in a step, so a win held near break-even
+    takes plain steps the most often (its verdict rests on plain figures of the moment), a clear win the least."""
+    guard = GoodputGuard()
+    for _ in range(SAMPLES):
+        guard.observe(step(16, False, 16, 0.010))  # plain: 1600 tokens/s
+        guard.observe(step(16, True, 30, 0.015))  # 2000 tokens/s: taken up
+    assert "draft" in guard.allowed_proposers(16, 0.0, random.Random(0), 0.05)
+    for _ in range(100):
+        guard.observe(step(16, False, 16, 0.010))
+        guard.observe(step(16, True, held_tokens, 0.015))  # the win settles at held_tokens / 0.015 tokens/s
+    assert allowed_fraction(guard, 16, 0.05, speculative=step(16, True, held_tokens, 0.015),
+                            plain=step(16, False, 16, 0.010)) == pytest.approx(1 - plain_share, abs=0.01)
+
+
 def test_speculative_rates_are_kept_per_temperature() -> None:
     """Greedy steps that speculate well say nothing about T = 1 steps, whose acceptance is lower."""
     guard = GoodputGuard()
