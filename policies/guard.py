@@ -70,7 +70,7 @@ from policies.guard_figures import (
 MIN_SAMPLES = 3  # plain steps in a bucket before their rate counts
 MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate is still unknown
 REQUIRED_GAIN = 0.05  # speculation must beat plain decode by this much to be taken up (and is kept to break-even)
-MAX_PROBE_BOOST = 4.0  # rejected speculation close to its bar is probed at up to this many times probe_rate
+MAX_PROBE_BOOST = 4.0  # the most times probe_rate a probe comes at (a near miss of the bar, or a win near break-even)
 PROBE_BURST = 12  # a probe of rejected speculation measures this many speculative steps
 PROBE_LIMIT = 3 * PROBE_BURST  # steps a probe burst may last while the plan decodes plainly in some of them
 MIN_SPECULATIVE_SAMPLES = PROBE_BURST  # speculative steps before their rate counts: the first may be a catch-up
