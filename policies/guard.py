@@ -11,6 +11,10 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
   break-even (each flip costs a draft catch-up, and a ~20-step figure is noisy). A win that falls under
   break-even is measured again at once, a plain step then a burst, before it is rejected; a rejection that
   re-measurement makes is then probed like any other, its first burst boosted and not declinable.
+- A trial from 17 requests on (`TRIAL_BUCKET`, policies/guard_trial.py): there a figure over its bar is taken up
+  only once windows of plain steps and of steps that may speculate, in turns, side by side, read speculation
+  1 + ``TRIAL_GAIN`` times as fast; paired plain figures strayed by up to 10% for whole runs there. A lost trial is
+  a rejection like any.
 - Enough steps: no verdict before ``MIN_SPECULATIVE_SAMPLES`` speculative steps; a near miss (from
   ``NEAR_MISS``) rejects only on ``SURE_SAMPLES``.
 - Like with like: speculation is compared with plain decode at its own mix of batch sizes, each of its
@@ -66,6 +70,7 @@ from policies.guard_figures import (
     mix_rate,
     rate_over_plain,
 )
+from policies.guard_trial import TRIAL_BUCKET, Trial
 
 MIN_SAMPLES = 3  # plain steps in a bucket before their rate counts
 MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate is still unknown
@@ -111,6 +116,8 @@ class GoodputGuard:
         self._plain_at: dict[int, float] = {}  # per batch-size bucket: the clock at its latest plain sample
         self._pace_checks: dict[int, PaceCheck] = {}  # per batch-size bucket: its plain figures restarting (stale)
         self._joining_at: dict[int, float] = {}  # per batch-size bucket: the clock at its latest joining-cost sample
+        # the step a take-up's trial routed: (its figure's key, whether it was the speculative arm's)
+        self._trial_step: tuple[tuple[int, int, str], bool] | None = None
 
     def observe(self, timing: StepTiming, temperature: float = 0.0) -> None:
         """Record one step with decodes (and perhaps prompts joining); speculative iff it fed drafts to the target.
@@ -121,10 +128,13 @@ class GoodputGuard:
         if timing.step_seconds <= 0 or not math.isfinite(timing.step_seconds):
             return
         self._clock += timing.step_seconds
+        trial_step, self._trial_step = self._trial_step, None
         if not measures_step(timing.batch_size, timing.num_prefilling):
             return
         sample = (timing.num_generated, timing.step_seconds, timing.batch_size)
         bucket = batch_bucket(timing.batch_size)
+        if trial_step is not None:
+            self._add_to_trial(*trial_step, timing)
         self._charge_probes(timing, (bucket, temperature_bucket(temperature)))
         if not timing.speculative and not timing.num_prefilling:
             self._plain_probe_left.pop(bucket, None)
@@ -174,6 +184,16 @@ class GoodputGuard:
         if probe is not None and probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
             self._speculative[key] = self._end_probe(key)
             self._burst_left[key] = 0
+
+    def _add_to_trial(self, key: tuple[int, int, str], speculative_arm: bool, timing: StepTiming) -> None:
+        """Count a step that a trial routed, whole, where it ran at the trial's batch-size bucket."""
+        spec = self._speculative.get(key)
+        trial = spec.trial if spec is not None else None
+        if trial is not None and not trial.done and batch_bucket(timing.batch_size) == key[0]:
+            trial.add(speculative_arm, timing.num_prefill_tokens, timing.step_seconds,
+                      max(0, timing.num_generated - timing.num_prefilling))  # less the joining requests' first tokens
+            if trial.done and not trial.won:
+                spec.probed = True  # the trial measured it afresh: its rejection is probed at the usual rate
 
     def _stale(self, sampled_at: dict[int, float], bucket: int) -> bool:
         """Whether a sample of the bucket now finds its figure stale (``sampled_at``: when each bucket's was last
@@ -237,6 +257,7 @@ class GoodputGuard:
         verdict, and never probes, since a probe there would teach nothing and would make the draft model prefill
         the whole batch on top of the target's prefill.
         """
+        self._trial_step = None
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         # what prompts add is measured at the bucket of the step's decodes, ``batch_size`` less the joining requests
         joining_cost = self._joining.get(batch_bucket(batch_size - joining)) if joining else None
@@ -255,6 +276,8 @@ class GoodputGuard:
             if draft_verdict != "speculate" and self._route_decision((*key, "ngram"), rng, probe_rate, measured,
                                                                      probe_lands)[0] == "rejected":
                 return DRAFT_ONLY
+            if self._trial_step is not None and self._trial_step[0][2] == "ngram":
+                self._trial_step = None  # the n-gram route's trial did not route this step: the draft route did
             return ALL_PROPOSERS
         ngram, _ = self._route_decision((*key, "ngram"), rng, probe_rate, measured, probe_lands)
         return NGRAM_ONLY if ngram == "speculate" else NO_PROPOSERS
@@ -262,7 +285,12 @@ class GoodputGuard:
     def probing(self, batch_size: int, temperature: float) -> bool:
         """Whether a probe burst of rejected speculation is under way at this batch size and temperature."""
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
-        return any(self._burst_left.get((*key, route), 0) > 0 for route in PROPOSERS)
+        return any(self._burst_left.get((*key, route), 0) > 0 or self._on_trial((*key, route)) for route in PROPOSERS)
+
+    def _on_trial(self, key: tuple[int, int, str]) -> bool:
+        """Whether a take-up's trial is under way at ``key``."""
+        spec = self._speculative.get(key)
+        return spec is not None and spec.trial is not None and not spec.trial.done and not spec.winning
 
     def decline_measurement(self, batch_size: int, temperature: float) -> bool:
         """Whether the plan may decline to speculate where the guard is measuring speculation here (its model
@@ -322,12 +350,21 @@ class GoodputGuard:
         """(speculate | plain (a deliberate plain step: it measures the plain arm) | rejected (try a cheaper
         route), the route's verdict from `_judge`); ``probe_lands``: see `_plain_probe`."""
         verdict, ratio = self._judge(*key)
+        spec = self._speculative.get(key)
+        if verdict == "speculate" and spec is not None and not spec.winning and key[0] >= TRIAL_BUCKET:
+            trial = spec.trial = spec.trial or Trial()  # a take-up here is tried first (policies/guard_trial.py)
+            if not trial.done:
+                if not measured:
+                    return "rejected", verdict
+                self._trial_step = (key, trial.speculates)
+                return ("speculate" if trial.speculates else "plain"), verdict
         if not measured:
             return ("speculate" if verdict == "speculate" else "rejected"), verdict
         fallen = False
-        if verdict is not None:
-            spec = self._speculative[key]
+        if spec is not None and verdict is not None:
             fallen = spec.winning and verdict in ("decode plainly", "remeasure")  # measured again at once
+            if spec.winning and verdict != "speculate":
+                spec.trial = None  # a trial stands for one take-up
             spec.winning = verdict == "speculate"
         if verdict is None and not self._smaller_batches_reject(*key):
             return "speculate", verdict  # let the plan show what speculation does here
@@ -402,13 +439,19 @@ class GoodputGuard:
         plain_rate, plain_measured = self._plain_rate(bucket, spec.sizes)
         if plain_rate is None:
             return "measure plain", None
+        regime_shift = bool(spec.plain_reference) and abs(plain_rate / spec.plain_reference - 1.0) > REGIME_SHIFT
+        trial = spec.trial
+        if trial is not None and not spec.winning:  # a take-up's trial: under way, its windows route the steps
+            if not trial.done or trial.won:
+                return "speculate", trial.ratio
+            return ("remeasure" if regime_shift else "decode plainly"), trial.ratio
         ratio = rate_over_plain(spec, plain_rate, plain_measured, taking_up=not spec.winning)
         ratio /= self._bar(bucket, temperature_key, route)
         if ratio >= (1.0 if spec.winning else 1.0 + REQUIRED_GAIN):
             return ("speculate" if plain_measured else "measure plain"), ratio
         if ratio >= NEAR_MISS and spec.samples < SURE_SAMPLES:
             return "measure more", ratio
-        if spec.plain_reference and abs(plain_rate / spec.plain_reference - 1.0) > REGIME_SHIFT:
+        if regime_shift:
             return "remeasure", ratio
         return "decode plainly", ratio
 
@@ -502,7 +545,9 @@ class GoodputGuard:
                     speculative.setdefault(route, {})[TEMPERATURE_BUCKETS[t]] = {
                         "tokens_per_s": arm.rate, "steps": arm.samples,
                         "vs_plain": rate_over_plain(arm, plain_rate, plain_measured) if plain_rate else None,
-                        "probe_burst_loss": self._burst_loss.get((b, t, route))}
+                        "probe_burst_loss": self._burst_loss.get((b, t, route)),
+                        "trial": None if arm.trial is None else {
+                            "vs_plain": arm.trial.ratio, "steps": [side.steps for side in arm.trial.arms]}}
             plain_summary = None
             if plain:  # the arms' mean tokens and seconds per step, summed over batch sizes
                 seconds = sum(arm.seconds for arm in plain)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.base import StepTiming
+from policies.guard_trial import Trial
 
 EWMA_WEIGHT = 0.05  # weight of the newest step's tokens and seconds: about the last 20 steps count
 CATCH_UP_WEIGHT = 0.25  # weight of the newest probe's catch-up cost, or its burst's loss, in their averages
@@ -71,6 +72,7 @@ class Figure:
     catching_up: bool = False  # draft-route probes: the first speculative step (the draft's catch-up) is still due
     confirming: bool = False  # probes: the first of a rejection, which the plan may not decline
     loss: float = 0.0  # probes: plain steps their burst lost so far against plain decode (`_charge_probes`)
+    trial: Trial | None = None  # speculative arms from ``TRIAL_BUCKET`` on: the trial of their take-up
 
     def add(self, tokens: float, seconds: float, batch_size: int, plain_seconds: float | None = None,
             plain_measured: bool = False, stale: bool = False) -> None:

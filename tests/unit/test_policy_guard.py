@@ -35,6 +35,7 @@ from policies.guard import (
     GoodputGuard,
 )
 from policies.guard_figures import batch_bucket, measures_step
+from policies.guard_trial import TRIAL_STEPS, TRIAL_WINDOW, Trial
 from policies.simulate import SimCost, simulate
 
 SAMPLES = MIN_SPECULATIVE_SAMPLES  # steps of each arm the tests feed before asking for a verdict
@@ -45,6 +46,12 @@ def step(batch: int, speculative: bool, tokens: int, seconds: float, route: str 
     fed = batch * 3 if speculative else batch
     drafted = fed - batch if route == "draft" else 0
     return StepTiming(batch, fed, seconds, num_draft_tokens=drafted, step_seconds=seconds, num_generated=tokens)
+
+
+@pytest.fixture
+def without_trials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests of other rules at 17-32 requests: there a take-up's trial would route the steps first."""
+    monkeypatch.setattr("policies.guard.TRIAL_BUCKET", 99)
 
 
 def allowed_fraction(guard: GoodputGuard, batch: int, probe_rate: float, temperature: float = 0.0,
@@ -137,6 +144,52 @@ def test_winning_speculation_is_probed_the_more_often_the_closer_it_runs_to_brea
                             plain=step(16, False, 16, 0.010)) == pytest.approx(1 - plain_share, abs=0.01)
 
 
+def run_trial(guard: GoodputGuard, batch: int, spec_step: StepTiming, plain_step: StepTiming) -> list[bool]:
+    """Feed a take-up's trial at ``batch`` requests: each step as the guard routes it (``spec_step`` where it may
+    speculate, else ``plain_step``); which steps might speculate, in order."""
+    rng = random.Random(0)
+    arms = []
+    for _ in range(2 * TRIAL_STEPS):
+        arms.append("draft" in guard.allowed_proposers(batch, 0.0, rng, 0.0))
+        guard.observe(spec_step if arms[-1] else plain_step)
+    return arms
+
+
+@pytest.mark.parametrize(("spec_tokens", "taken_up"), [(36, True), (32.4, False), (30.4, False)])
+def test_from_17_requests_a_take_up_waits_for_a_trial_of_plain_and_speculative_windows(
+        spec_tokens: float, taken_up: bool) -> None:
+    """Beside stale plain figures a speculative figure can read a false win there, so the two arms run in turns,
+    ``TRIAL_WINDOW`` steps each, and speculation is taken up only where its arm beats the plain one by 2.5%:
+    by 12.5% here; by 1.25% (too close to call) or a 5% loss are rejections."""
+    guard = GoodputGuard()
+    rng = random.Random(0)
+    for batch in (16, 32):
+        for _ in range(SAMPLES):
+            guard.observe(step(batch, False, batch, 0.010))
+            guard.observe(step(batch, True, batch * 1.25, 0.010))  # both figures read a 25% win
+    assert "draft" in guard.allowed_proposers(16, 0.0, rng, 0.0)  # below 17 requests: taken up at once
+    arms = run_trial(guard, 32, step(32, True, spec_tokens, 0.010), step(32, False, 32, 0.010))
+    assert arms == [i // TRIAL_WINDOW % 2 == 1 for i in range(2 * TRIAL_STEPS)]  # plain first, then in turns
+    verdicts = ["draft" in guard.allowed_proposers(32, 0.0, rng, 0.0) for _ in range(50)]
+    assert verdicts == [taken_up] * 50
+    row = next(row for row in guard.summary() if row["batch_sizes"] == [17, 32])
+    assert row["speculative"]["draft"]["T=0"]["trial"] == {"vs_plain": pytest.approx(spec_tokens / 32),
+                                                           "steps": [TRIAL_STEPS, TRIAL_STEPS]}
+
+
+def test_a_trial_gives_both_arms_the_same_prompt_cost_per_decoded_token() -> None:
+    """Which arm's steps prompts join is luck (they were 64% of a step's seconds at 32 code clients): a plain arm
+    that drew every joining prompt must not read slow for it, nor a speculative one fast."""
+    trial = Trial()
+    for i in range(TRIAL_STEPS):
+        prompt_tokens = 100 if i % 2 else 0  # the plain arm draws every prompt: 1600 tokens at 100 us each
+        trial.add(False, prompt_tokens, 0.010 + prompt_tokens * 1e-4, 32)
+        trial.add(True, 0, 0.010, 32.5)  # speculation decodes 1.6% more per step
+    prompt_per_token = 1e-4 * 1600 / (32 * 32 + 32 * 32.5)  # what the traffic's prompts cost per decoded token
+    assert trial.ratio == pytest.approx((0.010 / 32 + prompt_per_token) / (0.010 / 32.5 + prompt_per_token))
+    assert trial.done and not trial.won  # a 1.2% gain: under TRIAL_GAIN (unadjusted, the arms read 1.52x)
+
+
 def test_speculative_rates_are_kept_per_temperature() -> None:
     """Greedy steps that speculate well say nothing about T = 1 steps, whose acceptance is lower."""
     guard = GoodputGuard()
@@ -158,8 +211,9 @@ def test_summary_reports_each_bucket() -> None:
     [row] = guard.summary()
     assert row == {"batch_sizes": [3, 4], "plain": {"tokens_per_s": pytest.approx(300.0), "steps": 1},
                    "speculative": {"draft": {"(0.5,0.9]": {"tokens_per_s": pytest.approx(800.0), "steps": 1,
-                                                             "vs_plain": None, "probe_burst_loss": None}}}}
-    # (1 plain step: not measured yet; no probe burst ran)
+                                                             "vs_plain": None, "probe_burst_loss": None,
+                                                             "trial": None}}}}
+    # (1 plain step: not measured yet; no probe burst ran; no trial below 17 requests)
 
 
 # a cost model told that tokens are cheap, so that only the guard's measurements can stop speculation
@@ -227,6 +281,7 @@ def test_a_joined_speculative_step_is_left_out_until_what_prompts_cost_plain_dec
     assert guard.summary()[0]["speculative"] == {}
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_steps_prompts_join_decode_plainly_until_what_joining_costs_is_measured() -> None:
     guard = GoodputGuard()
     for _ in range(SAMPLES):
@@ -486,6 +541,7 @@ def test_an_untried_temperature_inherits_no_verdict_from_lower_temperatures() ->
     assert allowed_fraction(guard, 16, 0.05, temperature=0.7) == pytest.approx(probed, abs=0.04)
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_n_gram_speculation_is_judged_apart_from_the_draft_model() -> None:
     """At a large batch the draft model's passes stop paying before free n-gram proposals do."""
     guard = GoodputGuard()
@@ -508,6 +564,7 @@ def test_n_gram_speculation_is_judged_apart_from_the_draft_model() -> None:
     assert allowed_fraction(guard, 32, 0.0, proposer="ngram") == 0.0
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_from_9_requests_the_draft_route_must_beat_n_gram_lookups_alone_where_they_win() -> None:
     """From 9 requests on, where n-gram lookups alone win, the draft model's steps must beat them, not just plain
     decode: a draft route that ran a little above plain decode but below n-gram lookups alone held speculation to its
@@ -917,6 +974,7 @@ def winning_at_32() -> GoodputGuard:
     return guard
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_plain_probe_holds_until_a_plain_step_without_joining_prompts_measures_it() -> None:
     """At many requests some request finishes in nearly every speculative step and a prompt joins the next: a
     single plain probe landed on such steps, which the plain arm leaves out, and winning speculation was judged
@@ -937,6 +995,7 @@ def test_a_plain_probe_holds_until_a_plain_step_without_joining_prompts_measures
     assert "draft" in fresh.allowed_proposers(32, 0.0, rng, 0.0)
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_waiting_plain_probe_lets_steps_prompts_join_speculate_while_what_they_cost_is_fresh() -> None:
     """A plain step that prompts join measures only what they cost, not plain decode: while that is fresh, such
     steps speculate and the probe waits for a step without them (at 32 code clients, a third of the plain probes'
@@ -1013,6 +1072,7 @@ def test_one_slow_plain_step_of_a_stale_bucket_moves_no_other_batch_size() -> No
     assert guard._plain[batch_bucket(30)][30].seconds == pytest.approx(0.040)
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_winning_speculation_measures_plain_decode_once_its_plain_figure_is_fresh_seconds_old() -> None:
     """However clearly speculation wins, its bucket takes a plain sample every FRESH_SECONDS: the winning figure is
     paired with plain decode's, and a plain figure from another pace made speculation read 2.3x plain decode at 32

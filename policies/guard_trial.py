@@ -1,0 +1,89 @@
+"""A take-up's trial: speculation against plain decode in alternating windows of steps, side by side.
+
+From 17 requests on, speculation about breaks even on a CPU, and a figure's verdict rests on the plain step each
+speculative step is paired with. Those plain figures are few and go stale: at 32 clients they strayed from a lockstep
+`off` engine's plain steps by 0.94-1.10x for whole runs, so figures read false wins (docs/goodput-guard.md, s63).
+A trial needs no pairing: before a figure over its bar is taken up there, the guard alternates windows of
+``TRIAL_WINDOW`` plain steps and ``TRIAL_WINDOW`` steps where speculation may run, over the same stretch of traffic
+at the same pace of the host, each step counted whole (the draft model's catch-ups are the speculative arm's).
+
+Prompts that join steps are most of a step's seconds at 32 code clients, and how many join a window is luck: so the
+trial fits each arm's step seconds at no prompt tokens, with a slope per prompt token shared by both arms
+(`Trial.ratio`), and gives both arms the same prompt cost per decoded token, as the traffic brings it: every request
+is prefilled once whichever arm decodes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TRIAL_BUCKET = 5  # from this batch-size bucket (17-32 requests) on, speculation is taken up only on a trial
+TRIAL_WINDOW = 4  # steps in a row per arm: the draft model catches up once a window, not once a step
+TRIAL_STEPS = 32  # measured steps per arm before the trial's verdict
+TRIAL_GAIN = 0.025  # speculation's arm must beat the plain one by this much: a trial's ratio is noisy too
+
+
+@dataclass
+class _Arm:
+    """One arm's steps: sums for a least-squares fit of seconds on prompt tokens, and the tokens decoded."""
+
+    steps: int = 0
+    prompt: float = 0.0  # prompt tokens
+    seconds: float = 0.0
+    prompt_sq: float = 0.0
+    prompt_seconds: float = 0.0
+    decoded: float = 0.0  # tokens emitted by decoding requests (not joining ones' first tokens)
+
+    def add(self, prompt_tokens: int, seconds: float, decoded: int) -> None:
+        self.steps += 1
+        self.prompt += prompt_tokens
+        self.seconds += seconds
+        self.prompt_sq += prompt_tokens * prompt_tokens
+        self.prompt_seconds += prompt_tokens * seconds
+        self.decoded += decoded
+
+    def centred(self) -> tuple[float, float]:
+        """(sum of squares of prompt tokens, of their products with seconds), about the arm's means."""
+        mean_prompt = self.prompt / self.steps
+        return self.prompt_sq - mean_prompt * self.prompt, self.prompt_seconds - mean_prompt * self.seconds
+
+
+@dataclass
+class Trial:
+    """Both arms' steps so far, plain (0) and speculative (1)."""
+
+    arms: tuple[_Arm, _Arm] = field(default_factory=lambda: (_Arm(), _Arm()))
+
+    @property
+    def speculates(self) -> bool:
+        """Whether the next step is one of the speculative arm's (the arms take turns, a window each)."""
+        return (sum(arm.steps for arm in self.arms) // TRIAL_WINDOW) % 2 == 1
+
+    def add(self, speculative_arm: bool, prompt_tokens: int, seconds: float, decoded: int) -> None:
+        self.arms[int(speculative_arm)].add(prompt_tokens, seconds, decoded)
+
+    @property
+    def done(self) -> bool:
+        return min(arm.steps for arm in self.arms) >= TRIAL_STEPS
+
+    @property
+    def ratio(self) -> float | None:
+        """The speculative arm's tokens/s over the plain arm's, at the same prompt cost per decoded token; None while
+        either arm is unmeasured. Each arm's decode seconds per step are its mean less what its prompt tokens took
+        (the slope fitted within both arms, so that a slower arm's extra per prompt token stays its own)."""
+        plain, spec = self.arms
+        if not (plain.steps and spec.steps and plain.decoded and spec.decoded):
+            return None
+        (sxx_plain, sxy_plain), (sxx_spec, sxy_spec) = plain.centred(), spec.centred()
+        sxx = sxx_plain + sxx_spec
+        slope = max(0.0, (sxy_plain + sxy_spec) / sxx) if sxx > 0 else 0.0
+        prompt_per_token = slope * (plain.prompt + spec.prompt) / (plain.decoded + spec.decoded)
+        per_token = [(arm.seconds - slope * arm.prompt) / arm.decoded + prompt_per_token for arm in self.arms]
+        if min(per_token) <= 0:
+            return None
+        return per_token[0] / per_token[1]
+
+    @property
+    def won(self) -> bool:
+        ratio = self.ratio
+        return self.done and ratio is not None and ratio >= 1.0 + TRIAL_GAIN
