@@ -44,9 +44,10 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
   the draft route is untried or measured and the n-gram route lost, only the draft model may. From 9
   requests on, where n-gram lookups alone win, the draft route's bar is their rate, not plain decode's (`_bar`).
 
-Known weaknesses: at 17-32 requests, where speculation about breaks even, a figure can read a win that
-sustained speculation does not deliver, and is then held down to break-even. At 9-16 requests the other way: a
-re-measurement can read a loss where sustained speculation wins, and the rejection stands.
+Known weaknesses: at 17-32 requests, where speculation about breaks even, a win once taken up on its trial is held
+down to break-even by its paired figure, whose plain side can be off for many steps; and each trial where speculation
+loses costs about half its steps' loss. At 9-16 requests the other way: a re-measurement can read a loss where
+sustained speculation wins, and the rejection stands.
 """
 
 from __future__ import annotations
