@@ -284,7 +284,8 @@ class GoodputGuard:
         return NGRAM_ONLY if ngram == "speculate" else NO_PROPOSERS
 
     def probing(self, batch_size: int, temperature: float) -> bool:
-        """Whether a probe burst of rejected speculation is under way at this batch size and temperature."""
+        """Whether a probe burst of rejected speculation, or a take-up's trial, is under way at this batch size and
+        temperature (the policy then plans every step, not a sample of them)."""
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         return any(self._burst_left.get((*key, route), 0) > 0 or self._on_trial((*key, route)) for route in PROPOSERS)
 
