@@ -443,10 +443,13 @@ class GoodputGuard:
             return "measure plain", None
         regime_shift = bool(spec.plain_reference) and abs(plain_rate / spec.plain_reference - 1.0) > REGIME_SHIFT
         trial = spec.trial
-        if trial is not None and not spec.winning:  # a take-up's trial: under way, its windows route the steps
-            if not trial.done or trial.won:
-                return "speculate", trial.ratio
-            return ("remeasure" if regime_shift else "decode plainly"), trial.ratio
+        if trial is not None and not spec.winning:  # a take-up's trial
+            if not trial.done:  # under way: its windows route the steps, and its ratio is no bar yet (`_bar`)
+                return "speculate", None
+            ratio = trial.ratio
+            if trial.won:
+                return "speculate", ratio
+            return ("remeasure" if regime_shift else "decode plainly"), ratio
         ratio = rate_over_plain(spec, plain_rate, plain_measured, taking_up=not spec.winning)
         ratio /= self._bar(bucket, temperature_key, route)
         if ratio >= (1.0 if spec.winning else 1.0 + REQUIRED_GAIN):

@@ -53,6 +53,8 @@ class Trial:
     """Both arms' steps so far, plain (0) and speculative (1)."""
 
     arms: tuple[_Arm, _Arm] = field(default_factory=lambda: (_Arm(), _Arm()))
+    done: bool = False  # each arm has ``TRIAL_STEPS`` steps: the verdict is in, and no step is added after it
+    _final: float | None = None  # the ratio once done: a lost trial's verdict is read every step it stands
 
     @property
     def speculates(self) -> bool:
@@ -61,13 +63,15 @@ class Trial:
 
     def add(self, speculative_arm: bool, prompt_tokens: int, seconds: float, decoded: int) -> None:
         self.arms[int(speculative_arm)].add(prompt_tokens, seconds, decoded)
-
-    @property
-    def done(self) -> bool:
-        return min(arm.steps for arm in self.arms) >= TRIAL_STEPS
+        if min(arm.steps for arm in self.arms) >= TRIAL_STEPS:
+            self.done, self._final = True, self._ratio()
 
     @property
     def ratio(self) -> float | None:
+        """See `_ratio`."""
+        return self._final if self.done else self._ratio()
+
+    def _ratio(self) -> float | None:
         """The speculative arm's tokens/s over the plain arm's, at the same prompt cost per decoded token; None while
         either arm is unmeasured. Each arm's decode seconds per step are its mean less what its prompt tokens took
         (the slope fitted within both arms, so that a slower arm's extra per prompt token stays its own)."""
@@ -85,5 +89,4 @@ class Trial:
 
     @property
     def won(self) -> bool:
-        ratio = self.ratio
-        return self.done and ratio is not None and ratio >= 1.0 + TRIAL_GAIN
+        return self._final is not None and self._final >= 1.0 + TRIAL_GAIN  # set once done
