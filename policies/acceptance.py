@@ -23,10 +23,14 @@ global rate of its proposer at its temperature bucket (acceptance changes with T
 settings' prior scaled by a default temperature factor.
 
 Positions do not accept alike: on the bundled pair acceptance given the earlier positions is flat or rises with the
-position (prose, T = 0: 0.65 at the first, 0.73-0.97 after; a passage that rejects early leaves the later positions
-to the easier ones), so one pooled alpha overstates a round's tokens a little, by 1.6-2.6% at k = 2-4 for prose at
-T = 0, within 1% for code (bench/acceptance_positions.py). Neighbouring k are overstated alike, so the plan's choice
-of k hardly moves, and where speculating at all is the close call the goodput guard measures it; not corrected.
+position (prose, T = 0: 0.65 at the first, 0.73-0.97 after; prose, T = 1: 0.79, then 0.82-0.88; a passage that
+rejects early leaves the later positions to the easier ones; bench/acceptance_positions.py). One pooled alpha then
+prices a round's first token above its worth and the later ones below, and by how much depends on the k its rounds
+drafted: under plans of k = 1 the pooled alpha is the first position's, so a second token reads no likelier than
+the first, and k = 1 stays a near-tie with k = 2 that it loses on the clock (16 prose clients, T = 1:
+docs/goodput-guard.md, s68). So each bucket also counts its first positions apart from the later ones (`positions`),
+and the plan prices a round as E[tokens] = 1 + a1 (1 - a^k) / (1 - a): a the later positions' rate, a1 = lead * a
+the first's. A request's pooled rate is split in the bucket's proportions (its own rounds say too little to split).
 
 An n-gram proposal is only as good as its match: on the bundled pair (code, T = 0, every match allowed) rounds
 from 2- and 3-token matches accepted 24% of their drafted tokens, from 4 tokens on 67%. One estimate for both
@@ -57,6 +61,7 @@ MIN_DISPERSION_REQUESTS = 8  # finished requests in a bucket before its learned 
 DISPERSION_DECAY = 0.98  # per finished request: the spread follows the last ~50 requests
 GLOBAL_DECAY = 0.999  # per round: the global rates follow drift over ~1000 rounds
 ALPHA_CEILING = 0.99  # keeps 1 / (1 - alpha) finite
+LEAD_RANGE = (0.7, 1.3)  # the first position's rate over the later ones' is clamped to this
 SHORT_MATCH_PRIOR_FACTOR = 0.5  # the settings' n-gram prior, scaled for short matches before they have data
 ESTIMATES: tuple[str, ...] = (*PROPOSERS, "ngram_short")
 
@@ -160,6 +165,8 @@ class ProposerTotals:
     num_drafted: int = 0
     num_accepted: int = 0
     per_bucket: list[DecayedCounts] = field(default_factory=lambda: [DecayedCounts() for _ in TEMPERATURE_BUCKETS])
+    first: list[DecayedCounts] = field(default_factory=lambda: [DecayedCounts() for _ in TEMPERATURE_BUCKETS])
+    later: list[DecayedCounts] = field(default_factory=lambda: [DecayedCounts() for _ in TEMPERATURE_BUCKETS])
 
 
 class AcceptanceEstimator:
@@ -173,10 +180,12 @@ class AcceptanceEstimator:
         # (estimate, bucket) -> (prior, prior trials): read for every request every step, changed only by
         # observations, finished requests and settings
         self._shared: dict[tuple[str, int], tuple[float, float]] = {}
+        self._positions: dict[tuple[str, int], tuple[float, float]] = {}  # (estimate, bucket) -> `positions`
 
     def configure(self, settings: PolicySettings) -> None:
         self._settings = settings
         self._shared.clear()
+        self._positions.clear()
 
     def _estimate(self, proposer: str, match_len: int) -> str:
         """`estimate_key` at the settings' ``ngram_long_match``."""
@@ -199,7 +208,11 @@ class AcceptanceEstimator:
         totals.num_drafted += outcome.num_drafted
         totals.num_accepted += accepted
         totals.per_bucket[bucket].add(accepted, trials, GLOBAL_DECAY)
+        totals.first[bucket].add(min(accepted, 1), 1, GLOBAL_DECAY)
+        if accepted and outcome.num_drafted > 1:  # the later positions were tried
+            totals.later[bucket].add(accepted - 1, trials - 1, GLOBAL_DECAY)
         self._shared.pop((estimate, bucket), None)
+        self._positions.pop((estimate, bucket), None)
 
     def prior(self, proposer: str, temperature: float, match_len: int = 0) -> float:
         """The global rate of ``proposer`` (at this n-gram match length) at this temperature bucket (settings prior
@@ -211,6 +224,27 @@ class AcceptanceEstimator:
             base *= SHORT_MATCH_PRIOR_FACTOR
         default = base * DEFAULT_TEMPERATURE_FACTORS[bucket]
         return self._totals[estimate].per_bucket[bucket].rate(default, BUCKET_PRIOR_PSEUDO_TRIALS)
+
+    def positions(self, proposer: str, temperature: float, match_len: int = 0) -> tuple[float, float]:
+        """(scale, lead) of the bucket's positions: a request's pooled `alpha` times scale is its later positions'
+        rate a, and lead * a its first position's (see the module doc). Each rate is shrunk towards the bucket's
+        pooled one by the bucket prior's pseudo-trials, so a bucket without rounds past the first reads (1, 1)."""
+        estimate = self._estimate(proposer, match_len)
+        bucket = temperature_bucket(temperature)
+        cached = self._positions.get((estimate, bucket))
+        if cached is None:
+            totals = self._totals[estimate]
+            counts = totals.per_bucket[bucket]
+            pooled = counts.accepted / counts.trials if counts.accepted > 0.0 else 0.0
+            if pooled <= 0.0:
+                cached = (1.0, 1.0)
+            else:
+                first = totals.first[bucket].rate(pooled, BUCKET_PRIOR_PSEUDO_TRIALS)
+                later = totals.later[bucket].rate(pooled, BUCKET_PRIOR_PSEUDO_TRIALS)
+                low, high = LEAD_RANGE
+                cached = (later / pooled, min(high, max(low, first / later)))
+            self._positions[(estimate, bucket)] = cached
+        return cached
 
     def is_learned(self, proposer: str, temperature: float, match_len: int = 0) -> bool:
         """Whether the proposer's observed trials at this temperature bucket outweigh the settings prior."""

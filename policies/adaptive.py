@@ -72,7 +72,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from policies.acceptance import temperature_bucket
+from policies.acceptance import ALPHA_CEILING, temperature_bucket
 from policies.base import BatchView, Decision, ProposerName, RequestView, StepTiming
 from policies.cost_model import CostCoefficients
 from policies.fixed import PLAIN, fixed_decision
@@ -293,13 +293,19 @@ class AdaptivePolicy(LearningPolicy):
         if not (draft_ok or ngram_ok):
             return NO_OPTIONS  # plain whatever it chose before: no hysteresis to weigh, and the planner sets it aside
         acceptance = self.acceptance
+        alpha_draft = alpha_ngram = 0.0
+        lead_draft = lead_ngram = 1.0
+        if draft_ok:  # the pooled alpha, split by position (policies/acceptance.py)
+            scale, lead_draft = acceptance.positions("draft", view.temperature)
+            alpha_draft = min(ALPHA_CEILING, scale * acceptance.alpha(view.request_id, "draft", view.temperature))
+        if ngram_ok:
+            match_len = view.ngram_match_len
+            scale, lead_ngram = acceptance.positions("ngram", view.temperature, match_len)
+            alpha_ngram = min(ALPHA_CEILING,
+                              scale * acceptance.alpha(view.request_id, "ngram", view.temperature, match_len))
         return Candidate(  # positional: a third of the keyword call's time, for one per request a plan
-            acceptance.alpha(view.request_id, "draft", view.temperature) if draft_ok else 0.0,
-            cap if draft_ok else 0,
-            acceptance.alpha(view.request_id, "ngram", view.temperature, view.ngram_match_len) if ngram_ok else 0.0,
-            cap if ngram_ok else 0,
-            self._previous.get(view.request_id),
-            _catch_up_share(view) if draft_ok else 0.0,
+            alpha_draft, cap if draft_ok else 0, alpha_ngram, cap if ngram_ok else 0,
+            self._previous.get(view.request_id), _catch_up_share(view) if draft_ok else 0.0, lead_draft, lead_ngram,
         )
 
     def _explore(self, plan: BatchPlan, candidates: list[Candidate], coeffs: CostCoefficients,
@@ -329,13 +335,13 @@ class AdaptivePolicy(LearningPolicy):
                 continue
             candidate = candidates[index]
             k = self._rng.randint(1, 2)
-            choices: tuple[tuple[ProposerName, float, int], ...] = (
-                ("ngram", candidate.alpha_ngram, candidate.max_k_ngram),
-                ("draft", candidate.alpha_draft, candidate.max_k_draft),
+            choices: tuple[tuple[ProposerName, float, int, float], ...] = (
+                ("ngram", candidate.alpha_ngram, candidate.max_k_ngram, candidate.lead_ngram),
+                ("draft", candidate.alpha_draft, candidate.max_k_draft, candidate.lead_draft),
             )
             options = {
-                proposer: with_probe(plan, coeffs, index, alpha, min(k, cap), proposer, candidate.draft_catch_up)
-                for proposer, alpha, cap in choices
+                proposer: with_probe(plan, coeffs, index, alpha, min(k, cap), proposer, candidate.draft_catch_up, lead)
+                for proposer, alpha, cap, lead in choices
                 if cap > 0
             }
             if not unlearned_probe:

@@ -1,7 +1,9 @@
 """Choosing every request's k at once to maximise the batch's expected goodput (pure math, no state).
 
 Leviathan et al.: with per-position acceptance alpha, drafting k tokens yields
-E[tokens] = (1 - alpha^(k+1)) / (1 - alpha) per round (accepted drafts + the bonus/recovered token).
+E[tokens] = (1 - alpha^(k+1)) / (1 - alpha) per round (accepted drafts + the bonus/recovered token). The first
+position accepts apart from the later ones (policies/acceptance.py), at lead * alpha, so a round yields
+E[tokens] = 1 + lead * alpha (1 - alpha^k) / (1 - alpha); lead = 1 is Leviathan's.
 SmartSpec generalises this to a batch: goodput = sum_i E_i(k_i) / T_step, where T_step depends on
 everyone's choice: a + b*n + c*(tokens fed) on the target, plus g if anyone speculates, plus
 f + K_d * (d + e*n_d) + h * (catch-up) for the draft model, K_d being the largest k among the n_d draft
@@ -20,9 +22,9 @@ the vectorised solver take 80-200 us at 1-8 requests, 1-3% of a small batch's st
 this one takes 13-60 us there.
 
 Most requests of a large batch cannot gain from any draft, and the planner sets them aside before it
-builds anything (exactly, not by a heuristic): the k-th drafted token adds alpha^k expected tokens and
+builds anything (exactly, not by a heuristic): the k-th drafted token adds lead * alpha^k expected tokens and
 costs its price (lam * c, plus lam * e for a draft-model user, who also pays its catch-up), so a request
-gains at most the positive terms of sum_k (alpha^k - price), less its catch-up; where that is nothing, it
+gains at most the positive terms of sum_k (lead * alpha^k - price), less its catch-up; where that is nothing, it
 does no better than plain decode at any k. Prices only rise over Dinkelbach's iterations, so a request
 set aside at the first price stays aside. Where the bounds of all requests together do not even cover
 what any speculating step pays on top (g, and f + d with a draft-model user), plain decode is optimal and
@@ -60,6 +62,8 @@ class Candidate:
     max_k_ngram: int
     previous: tuple[str, int] | None = None  # (proposer, k) chosen last step, for hysteresis
     draft_catch_up: float = 0.0  # the draft model's catch-up charged per token the request emits drafting
+    lead_draft: float = 1.0  # each proposer's first position's acceptance over its alpha (the later positions')
+    lead_ngram: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -79,11 +83,13 @@ class BatchPlan:
         return self.expected_tokens / self.step_seconds
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Leviathan's E[tokens per round] for per-position acceptance alpha and draft length k."""
+def expected_tokens(alpha: float, k: int, lead: float = 1.0) -> float:
+    """E[tokens per round] for draft length k: the first position accepts at lead * alpha, the later ones at alpha
+    (Leviathan's at lead 1)."""
+    first = min(lead * alpha, 1.0)
     if alpha >= 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+        return 1.0 + first * k
+    return 1.0 + first * (1.0 - alpha ** k) / (1.0 - alpha)
 
 
 def _clamped(alpha: float) -> float:
@@ -91,11 +97,12 @@ def _clamped(alpha: float) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def _token_table(alpha: float, cap: int) -> tuple[float, ...]:
-    """E[tokens] for k = 0..cap; k = 0 (plain decode, scored apart) is -inf. Cached: a request's alpha moves only
-    after its own rounds, and a plan of 32 requests built 64 tables."""
+def _token_table(alpha: float, cap: int, lead: float = 1.0) -> tuple[float, ...]:
+    """E[tokens] (`expected_tokens`) for k = 0..cap; k = 0 (plain decode, scored apart) is -inf. Cached: a request's
+    alpha moves only after its own rounds, and a plan of 32 requests built 64 tables."""
     alpha = _clamped(alpha)
-    return (-math.inf, *[(1.0 - alpha ** (k + 1)) / (1.0 - alpha) for k in range(1, cap + 1)])
+    first = min(lead * alpha, 1.0)
+    return (-math.inf, *[1.0 + first * (1.0 - alpha ** k) / (1.0 - alpha) for k in range(1, cap + 1)])
 
 
 @dataclass
@@ -145,9 +152,10 @@ def plan_batch(
             return _plain_plan(n, base_tokens, coeffs)
     # the set-aside requests decode plainly: their tokens are a constant, their fed tokens part of the base
     subset = [candidates[i] for i in active]
-    draft_tables = [_token_table(c.alpha_draft, c.max_k_draft) for c in subset]
+    draft_tables = [_token_table(c.alpha_draft, c.max_k_draft, c.lead_draft) for c in subset]
+    ngram_tables = [_token_table(c.alpha_ngram, c.max_k_ngram, c.lead_ngram) for c in subset]
     unbumped = [0] * len(subset)
-    true = _Tables([1.0] * len(subset), draft_tables, [_token_table(c.alpha_ngram, c.max_k_ngram) for c in subset],
+    true = _Tables([1.0] * len(subset), draft_tables, ngram_tables,
                    [c.draft_catch_up for c in subset], draft_tables, unbumped, unbumped)
     objective = _with_hysteresis(true, subset, bonus)
     if speculate:
@@ -200,17 +208,20 @@ def _gain_bounds(candidate: Candidate, lam: float, coeffs: CostCoefficients) -> 
     if candidate.previous is not None and candidate.previous[1] > 0:
         return None
     token_price = lam * coeffs.c - 1e-9
-    ngram = _best_run(_clamped(candidate.alpha_ngram), candidate.max_k_ngram, token_price)
+    ngram = _best_run(_clamped(candidate.alpha_ngram), candidate.max_k_ngram, token_price, candidate.lead_ngram)
     if not candidate.max_k_draft:
         return ngram, 0.0
-    # the catch-up taxes every token the request emits drafting: E(k) (1 - tax) - 1 = sum_j (alpha^j (1 - tax)) - tax
+    # the catch-up taxes every token the request emits drafting:
+    # E(k) (1 - tax) - 1 = sum_j (lead * alpha^j (1 - tax)) - tax
     tax = lam * coeffs.h * candidate.draft_catch_up
-    draft = _best_run(_clamped(candidate.alpha_draft), candidate.max_k_draft, token_price + lam * coeffs.e, 1.0 - tax)
+    draft = _best_run(_clamped(candidate.alpha_draft), candidate.max_k_draft, token_price + lam * coeffs.e,
+                      (1.0 - tax) * candidate.lead_draft)
     return ngram, draft - tax
 
 
 def _best_run(alpha: float, cap: int, price: float, worth: float = 1.0) -> float:
-    """max over k <= cap of sum_{j <= k} (worth * alpha^j - price): the terms fall with j, so the positive ones."""
+    """max over k <= cap of sum_{j <= k} (worth * alpha^j - price): the terms fall with j, so the positive ones
+    (an upper bound where lead * alpha > 1, which `expected_tokens` caps)."""
     total, power = 0.0, worth
     for _ in range(cap):
         power *= alpha
@@ -369,7 +380,7 @@ def best_alone(candidate: Candidate, coeffs: CostCoefficients, price: float,
     the draft model does not run: starting it, or adding passes, is a choice for the whole batch, `plan_batch`)."""
     token_price = price * coeffs.c
     best, choice = 1.0, (0, DRAFT)
-    ngram = _token_table(candidate.alpha_ngram, candidate.max_k_ngram)
+    ngram = _token_table(candidate.alpha_ngram, candidate.max_k_ngram, candidate.lead_ngram)
     last = -math.inf
     for k in range(1, len(ngram)):
         value = ngram[k] - token_price * k
@@ -379,7 +390,7 @@ def best_alone(candidate: Candidate, coeffs: CostCoefficients, price: float,
             best, choice = value, (k, NGRAM)
         last = value
     if draft_passes and candidate.max_k_draft:
-        draft = _token_table(candidate.alpha_draft, min(candidate.max_k_draft, draft_passes))
+        draft = _token_table(candidate.alpha_draft, min(candidate.max_k_draft, draft_passes), candidate.lead_draft)
         tax, user_price = price * coeffs.h * candidate.draft_catch_up, price * coeffs.e * draft_passes
         last = -math.inf
         for k in range(1, len(draft)):
@@ -394,20 +405,21 @@ def best_alone(candidate: Candidate, coeffs: CostCoefficients, price: float,
 
 def with_probe(
     plan: BatchPlan, coeffs: CostCoefficients, index: int, alpha: float, k: int, proposer: ProposerName,
-    catch_up: float = 0.0,
+    catch_up: float = 0.0, lead: float = 1.0,
 ) -> BatchPlan:
     """The plan with request ``index`` (now at k = 0) drafting k tokens with ``proposer`` instead (``catch_up``:
     the draft model's catch-up charged per token it emits, if that proposer is the draft model)."""
     draft_passes, num_draft, draft_catch_up = plan.draft_passes, plan.num_draft_requests, plan.draft_catch_up
+    tokens = expected_tokens(alpha, k, lead)
     if proposer == "draft":
         draft_passes, num_draft = max(draft_passes, k), num_draft + 1
-        draft_catch_up += catch_up * expected_tokens(alpha, k)
+        draft_catch_up += catch_up * tokens
     num_tokens = plan.num_tokens + k
     draft = DraftPlan(draft_passes, num_draft, draft_catch_up) if num_draft else None
     return BatchPlan(
         ks=plan.ks[:index] + (k,) + plan.ks[index + 1 :],
         proposers=plan.proposers[:index] + (proposer,) + plan.proposers[index + 1 :],
-        expected_tokens=plan.expected_tokens - 1.0 + expected_tokens(alpha, k),
+        expected_tokens=plan.expected_tokens - 1.0 + tokens,
         step_seconds=coeffs.step_seconds(plan.batch_size, num_tokens, draft, verifies=True),
         batch_size=plan.batch_size,
         num_tokens=num_tokens,
@@ -424,12 +436,13 @@ def lengthened(plan: BatchPlan, candidates: Sequence[Candidate], coeffs: CostCoe
     for i, (k, proposer, c) in enumerate(zip(plan.ks, plan.proposers, candidates, strict=True)):
         if k == 0:
             continue
-        alpha, cap = (c.alpha_draft, c.max_k_draft) if proposer == DRAFT else (c.alpha_ngram, c.max_k_ngram)
+        alpha, cap, lead = ((c.alpha_draft, c.max_k_draft, c.lead_draft) if proposer == DRAFT
+                            else (c.alpha_ngram, c.max_k_ngram, c.lead_ngram))
         longer = ks[i] = min(k + 1, cap)  # a plan's k is within its proposer's cap
-        tokens += expected_tokens(alpha, longer) - expected_tokens(alpha, k)
+        tokens += expected_tokens(alpha, longer, lead) - expected_tokens(alpha, k, lead)
         if proposer == DRAFT:
             passes, users = max(passes, longer), users + 1
-            catch_up += c.draft_catch_up * expected_tokens(alpha, longer)
+            catch_up += c.draft_catch_up * expected_tokens(alpha, longer, lead)
     num_tokens = plan.num_tokens + sum(ks) - sum(plan.ks)
     draft = DraftPlan(passes, users, catch_up) if users else None
     return replace(plan, ks=tuple(ks), expected_tokens=tokens, num_tokens=num_tokens, draft_passes=passes,

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from policies import AcceptanceEstimator, PolicySettings, RoundOutcome, temperature_bucket
-from policies.acceptance import SHORT_MATCH_PRIOR_FACTOR
+from policies.acceptance import LEAD_RANGE, SHORT_MATCH_PRIOR_FACTOR
 
 LONG_MATCH = 4
 
@@ -143,3 +143,22 @@ def test_shrinkage_needs_enough_finished_requests_and_stays_per_bucket() -> None
     finished_requests(estimator, random.Random(4), [0.8] * 3)
     assert estimator.prior_trials("draft", 0.0) > default
     assert estimator.prior_trials("draft", 1.0) == default  # another temperature bucket
+
+
+def test_positions_split_the_pooled_rate_into_the_first_and_the_later_ones() -> None:
+    """Rounds whose first position accepts at 0.6 and later ones at 0.9: the bucket reads lead ~ 0.67 (clamped to
+    0.7), and a request's pooled alpha times scale is the later rate."""
+    rng = random.Random(1)
+    estimator = AcceptanceEstimator(PolicySettings())
+    for _ in range(3000):
+        accepted = 0
+        while accepted < 3 and rng.random() < (0.6 if accepted == 0 else 0.9):
+            accepted += 1
+        estimator.observe(RoundOutcome("r", "draft", 0.0, 3, accepted))
+    scale, lead = estimator.positions("draft", 0.0)
+    assert lead == pytest.approx(LEAD_RANGE[0])
+    assert scale * estimator.prior("draft", 0.0) == pytest.approx(0.9, abs=0.03)
+    assert estimator.positions("draft", 1.0) == (1.0, 1.0)  # a bucket without rounds
+    for _ in range(200):  # rounds of one position say nothing of the later ones
+        estimator.observe(RoundOutcome("s", "draft", 1.0, 1, int(rng.random() < 0.8)))
+    assert estimator.positions("draft", 1.0)[1] == pytest.approx(1.0, abs=0.02)

@@ -19,6 +19,8 @@ def test_expected_tokens() -> None:
     assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
     assert expected_tokens(1.0, 4) == 5.0
     assert expected_tokens(0.0, 8) == 1.0
+    assert expected_tokens(0.5, 2, lead=1.2) == pytest.approx(1 + 0.6 + 0.6 * 0.5)  # the first position at 0.6
+    assert expected_tokens(0.9, 3, lead=1.3) == pytest.approx(1 + 1.0 + 0.9 + 0.81)  # ... at most 1
 
 
 def objective(candidates: list[Candidate], coeffs: CostCoefficients, prefill: int, hysteresis: float,
@@ -28,11 +30,11 @@ def objective(candidates: list[Candidate], coeffs: CostCoefficients, prefill: in
     n = len(candidates)
     tokens = 0.0
     for c, (k, proposer) in zip(candidates, combo, strict=True):
-        alpha = c.alpha_draft if proposer == "draft" else c.alpha_ngram
+        alpha, lead = (c.alpha_draft, c.lead_draft) if proposer == "draft" else (c.alpha_ngram, c.lead_ngram)
         sticky = c.previous is not None and c.previous[1] == k and (k == 0 or c.previous[0] == proposer)
-        tokens += expected_tokens(alpha, k) * (1.0 + hysteresis if sticky else 1.0)
+        tokens += expected_tokens(alpha, k, lead) * (1.0 + hysteresis if sticky else 1.0)
     draft_ks = [k for k, proposer in combo if proposer == "draft" and k]
-    catch_up = sum(c.draft_catch_up * expected_tokens(c.alpha_draft, k)
+    catch_up = sum(c.draft_catch_up * expected_tokens(c.alpha_draft, k, c.lead_draft)
                    for c, (k, proposer) in zip(candidates, combo, strict=True) if proposer == "draft" and k)
     plan = DraftPlan(max(draft_ks), len(draft_ks), catch_up) if draft_ks else None
     num_drafted = sum(k for k, _ in combo)
@@ -57,6 +59,8 @@ candidate = st.builds(
     alpha_ngram=st.floats(0.05, 0.99),
     max_k_ngram=st.integers(0, 3),
     draft_catch_up=st.one_of(st.just(0.0), st.floats(0.0, 20.0)),
+    lead_draft=st.one_of(st.just(1.0), st.floats(0.7, 1.3)),
+    lead_ngram=st.one_of(st.just(1.0), st.floats(0.7, 1.3)),
 )
 coefficients = st.builds(
     CostCoefficients,
@@ -186,13 +190,14 @@ def test_best_alone_is_the_best_choice_at_the_price_with_the_rest_of_the_step_fi
     it adds; a draft-model draft may not add passes."""
     def seconds(k: int, proposer: str) -> float:
         drafts = proposer == "draft" and k > 0
-        users, catch_up = int(passes > 0) + drafts, c.draft_catch_up * expected_tokens(c.alpha_draft, k) * drafts
+        catch_up = c.draft_catch_up * expected_tokens(c.alpha_draft, k, c.lead_draft) * drafts
+        users = int(passes > 0) + drafts
         plan = DraftPlan(passes, users, catch_up) if users else None
         return coeffs.step_seconds(batch + 1, batch + 1 + passes + k, plan, verifies=True)
 
     def value(k: int, proposer: str) -> float:
-        alpha = c.alpha_draft if proposer == "draft" else c.alpha_ngram
-        return expected_tokens(alpha, k) - price * (seconds(k, proposer) - seconds(0, "draft"))
+        alpha, lead = (c.alpha_draft, c.lead_draft) if proposer == "draft" else (c.alpha_ngram, c.lead_ngram)
+        return expected_tokens(alpha, k, lead) - price * (seconds(k, proposer) - seconds(0, "draft"))
 
     options = [(0, "draft")] + [(k, "ngram") for k in range(1, c.max_k_ngram + 1)]
     options += [(k, "draft") for k in range(1, min(c.max_k_draft, passes) + 1)]
