@@ -1,7 +1,8 @@
 """Is acceptance the same at every draft position? Leviathan's E[tokens] against what rounds of every k emit.
 
-The adaptive policy prices a draft of k tokens at (1 - alpha^(k+1)) / (1 - alpha), alpha being the estimator's
-pooled rate (accepted / (accepted + failures), policies/acceptance.py), as if every position accepted alike. This
+Leviathan prices a draft of k tokens at (1 - alpha^(k+1)) / (1 - alpha), alpha being a pooled rate (accepted /
+(accepted + failures), policies/acceptance.py), as if every position accepted alike. (Since s69 the adaptive policy
+prices the first position apart from the later ones, from what it found here.) This
 serves a sweep cell's traffic (bench/policy_sweep.py) with fixed draft k = ``--k`` and, from its full rounds,
 reads what a round of every shorter k' would have emitted (min(accepted, k') + 1: a draft token's verdict depends
 only on the tokens before it), each position's acceptance given the ones before it were accepted, and the i.i.d.
@@ -14,7 +15,8 @@ What it found on the bundled pair (2026-11-29, Intel Xeon, 4 clients, 32 request
 0.65 at the first position, 0.73-0.97 after), since a passage that rejects early leaves the later positions to the
 easier ones. So the pooled alpha misprices a round's tokens: at k = 2-4, within 1% for code and for prose at
 T = 0.7, ~1% for prose at T = 1 and 1.6-2.6% at T = 0; priced with the alpha that rounds of 6 teach, by 0-2% for code
-and up to 3% and 10% for prose. Neighbouring k are overstated about alike, so the choice between them hardly moves.
+and up to 3% and 10% for prose. Neighbouring k are overstated about alike, so the choice between them moves little;
+priced by position, adaptive ran 1.01x itself at prose, T = 0 (docs/goodput-guard.md, s69).
 """
 
 from __future__ import annotations
