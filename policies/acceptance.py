@@ -235,10 +235,10 @@ class AcceptanceEstimator:
         if cached is None:
             totals = self._totals[estimate]
             counts = totals.per_bucket[bucket]
-            pooled = counts.accepted / counts.trials if counts.accepted > 0.0 else 0.0
-            if pooled <= 0.0:
+            if counts.accepted <= 0.0:
                 cached = (1.0, 1.0)
             else:
+                pooled = counts.accepted / counts.trials
                 first = totals.first[bucket].rate(pooled, BUCKET_PRIOR_PSEUDO_TRIALS)
                 later = totals.later[bucket].rate(pooled, BUCKET_PRIOR_PSEUDO_TRIALS)
                 low, high = LEAD_RANGE

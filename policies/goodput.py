@@ -101,8 +101,7 @@ def _token_table(alpha: float, cap: int, lead: float = 1.0) -> tuple[float, ...]
     """E[tokens] (`expected_tokens`) for k = 0..cap; k = 0 (plain decode, scored apart) is -inf. Cached: a request's
     alpha moves only after its own rounds, and a plan of 32 requests built 64 tables."""
     alpha = _clamped(alpha)
-    first = min(lead * alpha, 1.0)
-    return (-math.inf, *[1.0 + first * (1.0 - alpha ** k) / (1.0 - alpha) for k in range(1, cap + 1)])
+    return (-math.inf, *[expected_tokens(alpha, k, lead) for k in range(1, cap + 1)])
 
 
 @dataclass
