@@ -229,8 +229,9 @@ class AcceptanceEstimator:
         """(scale, lead) of the bucket's positions: a request's pooled `alpha` times scale is its later positions'
         rate a, and lead * a its first position's (see the module doc). Each rate is shrunk towards the bucket's
         pooled one by the bucket prior's pseudo-trials, so a bucket without rounds past the first reads (1, 1)."""
-        estimate = self._estimate(proposer, match_len)
-        bucket = temperature_bucket(temperature)
+        return self._positions_at(self._estimate(proposer, match_len), temperature_bucket(temperature))
+
+    def _positions_at(self, estimate: str, bucket: int) -> tuple[float, float]:
         cached = self._positions.get((estimate, bucket))
         if cached is None:
             totals = self._totals[estimate]
@@ -254,8 +255,23 @@ class AcceptanceEstimator:
     def alpha(self, request_id: str, proposer: str, temperature: float, match_len: int = 0) -> float:
         """The request's own decayed rate, blended with the prior during warm-up, floored and capped.
         ``match_len``: of the n-gram match the proposal would use (0: unknown)."""
+        return self._alpha_at(request_id, proposer, temperature, match_len, self._estimate(proposer, match_len),
+                              temperature_bucket(temperature))
+
+    def by_position(self, request_id: str, proposer: str, temperature: float, match_len: int = 0,
+                    ) -> tuple[float, float]:
+        """(a, lead): the request's later positions' rate (its `alpha` times the bucket's scale, capped) and the
+        first position's lead over it (`positions`). The planner reads this for every request every step, so it
+        looks up the estimate and bucket once for both."""
         estimate = self._estimate(proposer, match_len)
-        key = (estimate, temperature_bucket(temperature))
+        bucket = temperature_bucket(temperature)
+        scale, lead = self._positions_at(estimate, bucket)
+        alpha = self._alpha_at(request_id, proposer, temperature, match_len, estimate, bucket)
+        return min(ALPHA_CEILING, scale * alpha), lead
+
+    def _alpha_at(self, request_id: str, proposer: str, temperature: float, match_len: int, estimate: str,
+                  bucket: int) -> float:
+        key = (estimate, bucket)
         shared = self._shared.get(key)
         if shared is None:
             shared = self._shared[key] = (self.prior(proposer, temperature, match_len),

@@ -72,7 +72,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from policies.acceptance import ALPHA_CEILING, temperature_bucket
+from policies.acceptance import temperature_bucket
 from policies.base import BatchView, Decision, ProposerName, RequestView, StepTiming
 from policies.cost_model import CostCoefficients
 from policies.fixed import PLAIN, fixed_decision
@@ -296,13 +296,10 @@ class AdaptivePolicy(LearningPolicy):
         alpha_draft = alpha_ngram = 0.0
         lead_draft = lead_ngram = 1.0
         if draft_ok:  # the pooled alpha, split by position (policies/acceptance.py)
-            scale, lead_draft = acceptance.positions("draft", view.temperature)
-            alpha_draft = min(ALPHA_CEILING, scale * acceptance.alpha(view.request_id, "draft", view.temperature))
+            alpha_draft, lead_draft = acceptance.by_position(view.request_id, "draft", view.temperature)
         if ngram_ok:
-            match_len = view.ngram_match_len
-            scale, lead_ngram = acceptance.positions("ngram", view.temperature, match_len)
-            alpha_ngram = min(ALPHA_CEILING,
-                              scale * acceptance.alpha(view.request_id, "ngram", view.temperature, match_len))
+            alpha_ngram, lead_ngram = acceptance.by_position(view.request_id, "ngram", view.temperature,
+                                                             view.ngram_match_len)
         return Candidate(  # positional: a third of the keyword call's time, for one per request a plan
             alpha_draft, cap if draft_ok else 0, alpha_ngram, cap if ngram_ok else 0,
             self._previous.get(view.request_id), _catch_up_share(view) if draft_ok else 0.0, lead_draft, lead_ngram,

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from policies import AcceptanceEstimator, PolicySettings, RoundOutcome, temperature_bucket
-from policies.acceptance import LEAD_RANGE, SHORT_MATCH_PRIOR_FACTOR
+from policies.acceptance import ALPHA_CEILING, LEAD_RANGE, SHORT_MATCH_PRIOR_FACTOR
 
 LONG_MATCH = 4
 
@@ -158,6 +158,8 @@ def test_positions_split_the_pooled_rate_into_the_first_and_the_later_ones() -> 
     scale, lead = estimator.positions("draft", 0.0)
     assert lead == pytest.approx(LEAD_RANGE[0])
     assert scale * estimator.prior("draft", 0.0) == pytest.approx(0.9, abs=0.03)
+    assert estimator.by_position("r", "draft", 0.0) == (  # what the planner reads: both in one call
+        pytest.approx(min(ALPHA_CEILING, scale * estimator.alpha("r", "draft", 0.0))), lead)
     assert estimator.positions("draft", 1.0) == (1.0, 1.0)  # a bucket without rounds
     for _ in range(200):  # rounds of one position say nothing of the later ones
         estimator.observe(RoundOutcome("s", "draft", 1.0, 1, int(rng.random() < 0.8)))
