@@ -114,6 +114,8 @@ class GoodputGuard:
         self._burst_loss: dict[tuple[int, int, str], float] = {}  # what a probe burst cost, in plain steps (an EWMA)
         self._plain_probe_left: dict[int, int] = {}  # per batch-size bucket: steps left of an unmeasured plain probe
         self._clock = 0.0  # seconds of every step observed: the pace drifts with time, not with steps
+        self._bucket = -1  # the batch-size bucket of the latest step's load (decodes and joining requests) ...
+        self._bucket_moves = 0  # ... and how often the load has moved to another bucket (see `_draft_unsettled`)
         self._plain_at: dict[int, float] = {}  # per batch-size bucket: the clock at its latest plain sample
         self._pace_checks: dict[int, PaceCheck] = {}  # per batch-size bucket: its plain figures restarting (stale)
         self._joining_at: dict[int, float] = {}  # per batch-size bucket: the clock at its latest joining-cost sample
@@ -129,11 +131,14 @@ class GoodputGuard:
         if timing.step_seconds <= 0 or not math.isfinite(timing.step_seconds):
             return
         self._clock += timing.step_seconds
+        load_bucket = batch_bucket(timing.batch_size + timing.num_prefilling)  # by load, as `allowed_proposers` asks
+        if load_bucket != self._bucket:
+            self._bucket, self._bucket_moves = load_bucket, self._bucket_moves + 1
+        bucket = batch_bucket(timing.batch_size)
         trial_step, self._trial_step = self._trial_step, None
         if not measures_step(timing.batch_size, timing.num_prefilling):
             return
         sample = (timing.num_generated, timing.step_seconds, timing.batch_size)
-        bucket = batch_bucket(timing.batch_size)
         if trial_step is not None:
             self._add_to_trial(*trial_step, timing)
         self._charge_probes(timing, (bucket, temperature_bucket(temperature)))
@@ -176,11 +181,12 @@ class GoodputGuard:
             if probe is not None:
                 probe.catching_up = False
             else:
-                self._speculative[key] = Figure()
+                self._speculative[key] = Figure(sampled_at_move=self._bucket_moves)
             self._observe_catch_up(key, timing.batch_size, sample[1])
             return
         arm = probe if probe is not None else self._speculative.setdefault(key, Figure())
         arm.add(*sample, plain_seconds=plain_seconds(timing.batch_size), plain_measured=plain_measured)
+        arm.sampled_at_move = self._bucket_moves
         arm.plain_reference = mix_rate(arm.sizes, plain_seconds) or 0.0
         if probe is not None and probe.samples >= MIN_SPECULATIVE_SAMPLES:  # the probe's figure replaces the older one
             self._speculative[key] = self._end_probe(key)
@@ -302,7 +308,8 @@ class GoodputGuard:
         False where a measurement must be made whatever the model says, since the model declining it is no
         evidence (docs/goodput-guard.md): a rejection's first burst (its confirming probe; an inherited rejection's
         bursts until one has measured the bucket), a draft route's first figure once begun (the switch into it
-        taken), and a near miss short of ``SURE_SAMPLES``."""
+        taken), and a near miss short of ``SURE_SAMPLES``; these two only while the load has stayed at their bucket
+        (`_draft_unsettled`)."""
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         if self._draft_unsettled(key):
             return False
@@ -330,9 +337,13 @@ class GoodputGuard:
         return (probe is not None and probe.confirming) or self._draft_unsettled(key)  # the dict lookup first
 
     def _draft_unsettled(self, key: tuple[int, int]) -> bool:
-        """The draft route's first figure is begun (its switch taken) but short, or a near miss needs more steps."""
-        draft = (*key, "draft")
-        return draft in self._speculative and self._judge(*draft)[0] in (None, "measure more")
+        """The draft route's first figure is begun (its switch taken) but short, or a near miss needs more steps, and
+        the batch has stayed at the bucket since the figure's latest step. A batch that left it (a draining batch
+        passes a bucket in a few steps) comes back with requests the draft model has not seen: their catch-up is a
+        new switch, not one taken, and the plan may decline it (docs/goodput-guard.md, s70)."""
+        figure = self._speculative.get((*key, "draft"))
+        return (figure is not None and figure.sampled_at_move == self._bucket_moves
+                and self._judge(*key, "draft")[0] in (None, "measure more"))
 
     def speculation_evidence(self, batch_size: int, temperature: float) -> str | None:
         """What the measurements say of speculation with the draft model at this batch size and temperature: "wins"

@@ -905,6 +905,23 @@ def test_a_first_figure_once_begun_and_a_near_miss_are_measured_whatever_the_mod
     assert guard.decline_measurement(8, 1.0)  # untried at T = 1
 
 
+def test_a_begun_first_figure_binds_only_while_the_batch_stays_at_its_bucket() -> None:
+    """A draining batch passes a bucket in a few steps: a first figure begun there and left short binds the plan
+    only until the batch leaves the bucket. Back there, the draft model has new requests to catch up on (a new
+    switch, which the plan may decline); once the plan speculates there again, the figure binds again."""
+    guard = GoodputGuard()
+    for _ in range(SAMPLES):
+        guard.observe(step(8, False, 8, 0.010))
+    guard.observe(dataclasses.replace(step(8, True, 20, 0.040), num_draft_catch_up_tokens=400))  # the switch
+    guard.observe(step(6, True, 12, 0.009))  # still the 5-8 bucket
+    assert not guard.decline_measurement(8, 0.0)
+    guard.observe(step(4, True, 8, 0.007))  # the batch drained on
+    guard.observe(step(8, False, 8, 0.010))  # ... and came back, decoding plainly
+    assert guard.decline_measurement(8, 0.0) and not guard.measuring_draft(8, 0.0)
+    guard.observe(step(8, True, 16, 0.011))  # the plan speculated there again
+    assert not guard.decline_measurement(8, 0.0) and guard.measuring_draft(8, 0.0)
+
+
 def test_a_declined_probe_ends_only_before_its_first_speculative_step() -> None:
     """The plan may decline a probe burst (its model predicts speculation far below plain decode): one that has
     not speculated yet ends unmeasured; one whose draft model already caught up goes on measuring. A rejection's
