@@ -307,7 +307,7 @@ class AcceptanceEstimator:
 
     def summary(self) -> dict[str, Any]:
         """Per proposer ("ngram" for matches of ``ngram_long_match`` tokens or more, "ngram_short" for shorter ones):
-        totals, acceptance rate (accepted / drafted) and the per-bucket alpha priors."""
+        totals, acceptance rate (accepted / drafted), the per-bucket alpha priors and first positions' leads."""
         out: dict[str, Any] = {}
         buckets = list(zip(TEMPERATURE_BUCKETS, BUCKET_POINTS, strict=True))
         for proposer, totals in self._totals.items():
@@ -320,5 +320,8 @@ class AcceptanceEstimator:
                 "alpha_by_temperature": {name: round(self.prior(proposer, t), 4) for name, t in buckets},
                 # how many trials the global rate weighs in each request's estimate (learned shrinkage)
                 "prior_trials_by_temperature": {name: round(self.prior_trials(proposer, t), 1) for name, t in buckets},
+                # the first position's rate over the later ones' (`positions`), as the plan prices it
+                "first_position_lead_by_temperature": {
+                    name: round(self._positions_at(proposer, temperature_bucket(t))[1], 3) for name, t in buckets},
             }
         return out

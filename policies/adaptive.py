@@ -51,9 +51,9 @@ Six corrections on top of the pure optimum:
   measure nothing. At 32 requests such bursts came about once per 240 steps and ran their 36 steps each.
   Measurements under way are not declined (a rejection's confirming probe, a first figure once begun, a near
   miss short of its sure verdict, the last two while the load stays at their bucket): see
-  `GoodputGuard.decline_measurement`. Nor are they left to starve where
-  the plan speculates with n-gram lookups alone (steps the guard books to the n-gram route): such a step takes
-  the best plan in which the draft model proposes (`_draft_measurement`).
+  `GoodputGuard.decline_measurement`. Nor are they left to starve where the plan speculates with n-gram lookups
+  alone (steps the guard books to the n-gram route): such a step takes the best plan in which the draft model
+  proposes (`_draft_measurement`).
 
 Plans are reused where they cost more than they are worth (`_hold`): at 32 requests on an H200 a plan took
 0.6-0.9 ms of Python against ~10 ms steps, and the policy's own work was two thirds of its shortfall against fixed

@@ -338,7 +338,7 @@ class GoodputGuard:
 
     def _draft_unsettled(self, key: tuple[int, int]) -> bool:
         """The draft route's first figure is begun (its switch taken) but short, or a near miss needs more steps, and
-        the batch has stayed at the bucket since the figure's latest step. A batch that left it (a draining batch
+        the load has stayed at the bucket since the figure's latest step. A batch that left it (a draining batch
         passes a bucket in a few steps) comes back with requests the draft model has not seen: their catch-up is a
         new switch, not one taken, and the plan may decline it (docs/goodput-guard.md, s70)."""
         figure = self._speculative.get((*key, "draft"))
