@@ -25,8 +25,15 @@ import statistics
 
 import torch
 
-from bench.common import save, save_plot, table
-from bench.policy_sweep import cell_traffic, make_engines, paired_median, runs_beside_twins
+from bench.common import save, table
+from bench.policy_sweep import (
+    cell_traffic,
+    make_engines,
+    paired_median,
+    plot_beside_twins,
+    rates_of,
+    runs_beside_twins,
+)
 from bench.prompts import PROSE, code_prompts
 from engine.engine import LLMEngine
 from engine.models import llama
@@ -74,7 +81,7 @@ def main() -> None:
         texts = PROSE if workload == "prose" else code_prompts(64, max_chars=500)
         num_requests = max(32, 4 * int(clients))
         prompts, params = cell_traffic(tokenizer, texts, num_requests, float(temperature), 48, 0.5)
-        rates = runs_beside_twins(engines, prompts, params, int(clients), args.repeats, PER_HEAD, "per_head")
+        rates = rates_of(runs_beside_twins(engines, prompts, params, int(clients), args.repeats, PER_HEAD, "per_head"))
         row = {"cell": f"{workload} T={temperature} c={clients}"}
         for name in policies:
             row[f"{name} tok/s"] = statistics.median(rates[name])
@@ -86,37 +93,8 @@ def main() -> None:
         print(table([row], list(row)), flush=True)
     print(table(rows, list(rows[0])))
     save(args.output, {"args": vars(args), "cells": rows})
-    plot(rows, list(policies), args.output)
-
-
-def plot(rows: list[dict], policies: list[str], output: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (gains, vs_off) = plt.subplots(1, 2, figsize=(12, 4.5))
-    cells = [row["cell"] for row in rows]
-    width = 0.8 / len(policies)
-    for i, name in enumerate(policies):
-        gains.bar([c + i * width for c in range(len(cells))], [row[f"{name} folded/per-head"] for row in rows],
-                  width, label=name)
-    gains.axhline(1.0, color="grey", linewidth=0.8)
-    gains.set(ylabel="throughput, folded / per head", title="Folded short-run attention, lockstep", ylim=(0.9, None))
-    gains.set_xticks(range(len(cells)), cells, rotation=30, ha="right")
-    gains.legend()
-    speculative = [name for name in policies if name != "off"]
-    for i, name in enumerate(speculative):
-        for j, (suffix, hatch) in enumerate((("", None), (", per head", "//"))):
-            vs_off.bar([c + (2 * i + j) * 0.8 / (2 * len(speculative)) for c in range(len(cells))],
-                       [row[f"{name}/off{suffix}"] for row in rows], 0.8 / (2 * len(speculative)),
-                       label=name + (suffix or ", folded"), hatch=hatch, color=f"C{i + 1}", alpha=0.6 if j else 1.0)
-    vs_off.axhline(1.0, color="grey", linewidth=0.8)
-    vs_off.set(ylabel="throughput / off", title="Speculation against plain decode", ylim=(0.8, None))
-    vs_off.set_xticks(range(len(cells)), cells, rotation=30, ha="right")
-    vs_off.legend(fontsize=8)
-    fig.tight_layout()
-    save_plot(fig, output)
+    plot_beside_twins(rows, list(policies), args.output, "folded/per-head", "per head", "folded",
+                      "Folded short-run attention, lockstep")
 
 
 if __name__ == "__main__":

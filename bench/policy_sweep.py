@@ -67,6 +67,7 @@ import torch
 
 from bench.common import RunResult, make_engine, run_engines_lockstep, save, save_plot, set_policy, table
 from bench.prompts import PROSE, code_prompts
+from engine.config import DRAFT_QUANTIZATION
 from engine.engine import LLMEngine
 from engine.types import SamplingParams
 
@@ -118,6 +119,8 @@ def main() -> None:
     ap.add_argument("--twin", action="store_true", help="add copies of draft k=2 and off as noise controls (see above)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--draft-quantization", default="auto", choices=DRAFT_QUANTIZATION,
+                    help="the draft model's linears (auto: int8 on a CPU, engine/models/int8.py)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (0: torch's default); one thread times a shared VM far more steadily")
     args = ap.parse_args()
@@ -141,7 +144,7 @@ def main() -> None:
     if args.twin:
         policies[TWIN] = policies[TWIN_OF] = POLICIES[TWIN_OF]
         policies[OFF_TWIN] = POLICIES["off"]
-    engines = make_engines(policies, args.dtype, args.device)
+    engines = make_engines(policies, args.dtype, args.device, args.draft_quantization)
     tokenizer = next(iter(engines.values())).tokenizer
     rows, summary = [], []
     for workload, texts in workloads.items():
@@ -235,10 +238,12 @@ def main() -> None:
     print(f"saved {path}")
 
 
-_WEIGHTS: dict[tuple[str, str], LLMEngine] = {}  # per (dtype, device): the engine whose weights sweep engines read
+# per (dtype, device, draft quantization): the engine whose weights sweep engines read
+_WEIGHTS: dict[tuple[str, str, str], LLMEngine] = {}
 
 
-def make_engines(policies: dict[str, dict], dtype: str, device: str) -> dict[str, LLMEngine]:
+def make_engines(policies: dict[str, dict], dtype: str, device: str,
+                 draft_quantization: str = "auto") -> dict[str, LLMEngine]:
     """One engine per policy: each learns from its own traffic alone, as a server running that policy would.
 
     They all read one set of weights, loaded once by an engine that serves no policy. With a set of its own,
@@ -248,18 +253,21 @@ def make_engines(policies: dict[str, dict], dtype: str, device: str) -> dict[str
     strayed from one another by up to 2%. Reading the first one's weights, the other three read 0.992-1.015x
     it, 15 of 18 ratios within 0.5%. Shared weights are also what a server has: the weights its next step reads
     are those its last step read, not another engine's."""
-    source = _WEIGHTS.get((dtype, device))
+    key = (dtype, device, draft_quantization)
+    source = _WEIGHTS.get(key)
     if source is None:
-        source = _WEIGHTS[(dtype, device)] = sweep_engine(dtype, device)
-    engines = {name: sweep_engine(dtype, device, weights_from=source) for name in policies}
+        source = _WEIGHTS[key] = sweep_engine(dtype, device, draft_quantization=draft_quantization)
+    engines = {name: sweep_engine(dtype, device, source, draft_quantization) for name in policies}
     for name, settings in policies.items():
         set_policy(engines[name], **{"k": 4, **settings})
     return engines
 
 
-def sweep_engine(dtype: str = "float32", device: str = "cpu", weights_from: LLMEngine | None = None) -> LLMEngine:
+def sweep_engine(dtype: str = "float32", device: str = "cpu", weights_from: LLMEngine | None = None,
+                 draft_quantization: str = "auto") -> LLMEngine:
     """An engine as every sweep cell runs them (room for 64 requests of up to 1024 tokens)."""
-    return make_engine(dtype, device, weights_from, max_seq_len=1024, max_running=64, max_num_batched_tokens=2048)
+    return make_engine(dtype, device, weights_from, max_seq_len=1024, max_running=64, max_num_batched_tokens=2048,
+                       draft_quantization=draft_quantization)
 
 
 def rotate_policies(engines: dict[str, LLMEngine]) -> None:
@@ -278,11 +286,11 @@ def rotate_policies(engines: dict[str, LLMEngine]) -> None:
 
 
 def runs_beside_twins(engines: dict[str, LLMEngine], prompts: list[list[int]], params: list[SamplingParams],
-                      clients: int, repeats: int, twin_suffix: str, twin_flag: str) -> dict[str, list[float]]:
-    """Tokens/s per engine name over ``repeats`` lockstep runs, after one untimed, with every policy beside a twin
+                      clients: int, repeats: int, twin_suffix: str, twin_flag: str) -> dict[str, list[RunResult]]:
+    """Each engine name's results of ``repeats`` lockstep runs, after one untimed, with every policy beside a twin
     (its name + ``twin_suffix``) whose engine's steps differ while the engine's ``twin_flag`` attribute is set. The
     flags are set anew before each run, since ``rotate_policies`` moves the policies across engines after each."""
-    rates: dict[str, list[float]] = {name: [] for name in engines}
+    runs: dict[str, list[RunResult]] = {name: [] for name in engines}
     for run in range(repeats + 1):
         for name, engine in engines.items():
             setattr(engine, twin_flag, name.endswith(twin_suffix))
@@ -290,8 +298,48 @@ def runs_beside_twins(engines: dict[str, LLMEngine], prompts: list[list[int]], p
         rotate_policies(engines)
         if run:
             for name, result in results.items():
-                rates[name].append(result.tokens_per_s)
-    return rates
+                runs[name].append(result)
+    return runs
+
+
+def rates_of(runs: dict[str, list[RunResult]]) -> dict[str, list[float]]:
+    """Tokens/s of each name's runs."""
+    return {name: [run.tokens_per_s for run in results] for name, results in runs.items()}
+
+
+def plot_beside_twins(rows: list[dict], policies: list[str], output: str, gain: str, twin: str, own: str,
+                      title: str) -> None:
+    """Two panels from `runs_beside_twins` cells: each policy's throughput over its twin's (row key
+    ``"<policy> <gain>"``), and each speculative policy's ratio to ``off``, its own way (``"<policy>/off"``,
+    labelled ``own``) beside its twin's (``"<policy>/off, <twin>"``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (gains, vs_off) = plt.subplots(1, 2, figsize=(12, 4.5))
+    cells = [row["cell"] for row in rows]
+    width = 0.8 / len(policies)
+    for i, name in enumerate(policies):
+        gains.bar([c + i * width for c in range(len(cells))], [row[f"{name} {gain}"] for row in rows], width,
+                  label=name)
+    gains.axhline(1.0, color="grey", linewidth=0.8)
+    gains.set(ylabel=f"throughput, {gain.replace('/', ' / ')}", title=title, ylim=(0.9, None))
+    gains.set_xticks(range(len(cells)), cells, rotation=30, ha="right")
+    gains.legend()
+    speculative = [name for name in policies if name != "off"]
+    bar = 0.8 / (2 * len(speculative))
+    for i, name in enumerate(speculative):
+        for j, (suffix, hatch) in enumerate((("", None), (f", {twin}", "//"))):
+            vs_off.bar([c + (2 * i + j) * bar for c in range(len(cells))], [row[f"{name}/off{suffix}"] for row in rows],
+                       bar, label=name + (suffix or f", {own}"), hatch=hatch, color=f"C{i + 1}",
+                       alpha=0.6 if j else 1.0)
+    vs_off.axhline(1.0, color="grey", linewidth=0.8)
+    vs_off.set(ylabel="throughput / off", title="Speculation against plain decode", ylim=(0.8, None))
+    vs_off.set_xticks(range(len(cells)), cells, rotation=30, ha="right")
+    vs_off.legend(fontsize=8)
+    fig.tight_layout()
+    save_plot(fig, output)
 
 
 def paired_median(rates: list[float], others: list[float]) -> float:

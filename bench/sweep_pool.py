@@ -34,7 +34,8 @@ from scipy import stats
 from bench.common import save, save_plot, table
 from bench.policy_sweep import OFF_TWIN, is_fixed
 
-SAME_IN_ALL = ("new_tokens", "length_spread", "requests_per_client", "min_requests", "device", "dtype", "threads")
+SAME_IN_ALL = ("new_tokens", "length_spread", "requests_per_client", "min_requests", "device", "dtype", "threads",
+               "draft_quantization")  # absent (None) in sweeps from before the int8 draft: their drafts ran float32
 
 Cell = tuple[str, float, int]  # workload, temperature, concurrency
 Round = dict[str, float]  # policy -> tokens/s of one lockstep round

@@ -16,7 +16,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from engine.config import DTYPES, SPECULATION, EngineConfig
+from engine.config import DRAFT_QUANTIZATION, DTYPES, SPECULATION, EngineConfig
 from engine.errors import EngineError
 from engine.models.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine.types import SamplingParams
@@ -27,6 +27,9 @@ DEFAULT_POLICY_FILE = Path(os.path.expanduser("~/.config/specserve/policy.json")
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=str(DEFAULT_TARGET), help="target checkpoint dir or hub id (local cache)")
     p.add_argument("--draft-model", default=str(DEFAULT_DRAFT), help="draft checkpoint, or 'none'")
+    p.add_argument("--draft-quantization", default="auto", choices=DRAFT_QUANTIZATION,
+                   help="the draft model's linears: auto (int8 on a CPU), none or int8 (its numerics never reach "
+                        "the output, only its acceptance)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
     p.add_argument("--speculation", default=None, choices=SPECULATION,
@@ -60,7 +63,8 @@ def add_engine_commands(subparsers) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     draft = None if args.draft_model.lower() == "none" else args.draft_model
     mode = args.speculation or load_policy_file(args.policy_file).get("mode", "auto")
-    return EngineConfig(model=args.model, draft_model=draft, device=args.device, dtype=args.dtype,
+    return EngineConfig(model=args.model, draft_model=draft, draft_quantization=args.draft_quantization,
+                        device=args.device, dtype=args.dtype,
                         speculation=mode, k=args.k, k_max=max(args.k, args.k_max))
 
 

@@ -10,12 +10,14 @@ from engine.models.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SPECULATION = ("auto", "off", "draft", "ngram")
+DRAFT_QUANTIZATION = ("auto", "none", "int8")  # auto: int8 on a CPU (engine/models/int8.py), none elsewhere
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = str(DEFAULT_TARGET)
     draft_model: str | None = str(DEFAULT_DRAFT)  # None disables the draft proposer
+    draft_quantization: str = "auto"  # the draft model's linears: auto | none | int8 (CPU only)
     device: str = "auto"  # auto = cuda when present, else cpu
     dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
     max_running: int = 32
@@ -37,6 +39,12 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda[:N]; got {self.device!r}")
+        if self.draft_quantization not in DRAFT_QUANTIZATION:
+            raise ValueError(f"draft_quantization must be one of {', '.join(DRAFT_QUANTIZATION)}; "
+                             f"got {self.draft_quantization!r}")
+        if self.draft_quantization == "int8" and self.torch_device.type != "cpu":
+            raise ValueError("draft_quantization int8 runs on a CPU only; use auto or none on "
+                             f"{self.torch_device.type}")
         if self.speculation not in SPECULATION:
             raise ValueError(f"speculation must be one of {', '.join(SPECULATION)}; got {self.speculation!r}")
         if self.kv_cache not in ("paged", "slotted"):
@@ -54,6 +62,12 @@ class EngineConfig:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    @property
+    def draft_int8(self) -> bool:
+        """Whether the draft model's linears run as int8 (where this torch can: `quantize_linears_int8`)."""
+        return self.draft_quantization == "int8" or (self.draft_quantization == "auto"
+                                                     and self.torch_device.type == "cpu")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -20,6 +20,7 @@ from engine.config import EngineConfig
 from engine.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
 from engine.kv_cache import make_kv_cache
 from engine.model_runner import ModelRunner, SeqChunk
+from engine.models.int8 import int8_linears
 from engine.models.llama import LlamaModel, touch_linears
 from engine.models.loader import load_model, read_config, resolve_checkpoint
 from engine.models.row_padding import calibrate_row_padding
@@ -62,7 +63,7 @@ def context_length_error(max_len: int, prompt: int, completion: int) -> ContextL
 
 def _check_same_weights(config: EngineConfig, other: EngineConfig) -> None:
     """An engine may read another's weights only where it would have loaded the very same ones."""
-    for field in ("model", "draft_model", "torch_dtype", "torch_device"):
+    for field in ("model", "draft_model", "draft_int8", "torch_dtype", "torch_device"):
         if getattr(config, field) != getattr(other, field):
             raise ValueError(f"weights_from: its {field} is {getattr(other, field)!r}, "
                              f"this engine's {getattr(config, field)!r}")
@@ -90,7 +91,8 @@ class LLMEngine:
         self.draft_model: LlamaModel | None = None
         if config.draft_model:
             draft_path = resolve_checkpoint(config.draft_model)
-            draft_runner = self._load_runner(draft_path, weights_from.draft_model if weights_from else None)
+            draft_runner = self._load_runner(draft_path, weights_from.draft_model if weights_from else None,
+                                             int8=config.draft_int8)
             self.draft_model = draft_runner.model
             check_compatible(self.tokenizer, load_tokenizer(draft_path), self.model_path, draft_path,
                              self.model.args.vocab_size, self.draft_model.args.vocab_size)
@@ -145,12 +147,15 @@ class LLMEngine:
         self.policy.forget_learned()
         self.stats = SpecDecodeStats()
 
-    def _load_runner(self, path, model: LlamaModel | None = None) -> ModelRunner:
-        """A model (``model``, already loaded, or the checkpoint at ``path``) with a KV cache of its own, sized by the
-        engine config (the draft's like the target's)."""
+    def _load_runner(self, path, model: LlamaModel | None = None, int8: bool = False) -> ModelRunner:
+        """A model (``model``, already loaded, or the checkpoint at ``path``, its linears int8 with ``int8``) with a KV
+        cache of its own, sized by the engine config (the draft's like the target's)."""
         config = self.config
         if model is None:
-            model, _ = load_model(path, config.torch_dtype, config.torch_device)
+            model, _ = load_model(path, config.torch_dtype, config.torch_device, int8=int8)
+            if int8:
+                log.info("draft model %s: %s linears", path.name, "int8" if int8_linears(model) else
+                         "float (this torch has no dynamic int8 linear)")
         args = model.args
         cache = make_kv_cache(config.kv_cache, num_layers=args.num_layers, kv_heads=args.num_kv_heads,
                               head_dim=args.head_dim, dtype=config.torch_dtype, device=config.torch_device,

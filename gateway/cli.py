@@ -17,6 +17,8 @@ SERVE_FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("port", "--port", int, "port (default 8000; 0 picks a free one)"),
     ("model", "--model", str, "target model directory (default: the bundled assets/models/target)"),
     ("draft_model", "--draft-model", str, "draft model directory, or 'none' (default: assets/models/draft)"),
+    ("draft_quantization", "--draft-quantization", str,
+     "draft model's linears: auto (int8 on a CPU), none or int8; its numerics never change the output"),
     ("served_model_name", "--served-model-name", str, "model id in the API (default specserve-tiny / dir name)"),
     ("device", "--device", str, "cpu, cuda, cuda:N or auto"),
     ("dtype", "--dtype", str, "float32, bfloat16, float16 or auto"),

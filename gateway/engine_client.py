@@ -74,6 +74,7 @@ def build_engine(settings: GatewaySettings, progress: Callable[[str], None] | No
     config = EngineConfig(
         model=settings.model,
         draft_model=settings.draft_model,
+        draft_quantization=settings.draft_quantization,
         device=settings.device,
         dtype=settings.dtype,
         max_running=settings.max_running,

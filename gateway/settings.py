@@ -27,6 +27,7 @@ class GatewaySettings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     model: str = str(DEFAULT_MODEL)
     draft_model: str | None = str(DEFAULT_DRAFT_MODEL)  # "none" (or empty) disables the draft model
+    draft_quantization: str = "auto"  # the draft model's linears: auto (int8 on a CPU), none or int8
     served_model_name: str | None = None  # None: "specserve-tiny" for the bundled pair, else the model dir name
     device: str = "auto"
     dtype: str = "auto"

@@ -13,6 +13,7 @@ import torch
 from safetensors import safe_open
 
 from engine.errors import ModelLoadError
+from engine.models.int8 import quantize_linears_int8
 from engine.models.llama import LlamaArgs, LlamaModel, avoid_cudnn_attention, pack_linears_for_cpu, rope_inv_freq
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -114,7 +115,10 @@ def fuse_projections(sd: dict[str, torch.Tensor], num_layers: int) -> dict[str, 
     return sd
 
 
-def load_model(name_or_path: str | Path, dtype: torch.dtype, device: torch.device) -> tuple[LlamaModel, Path]:
+def load_model(name_or_path: str | Path, dtype: torch.dtype, device: torch.device,
+               int8: bool = False) -> tuple[LlamaModel, Path]:
+    """The checkpoint's model on ``device``; on a CPU its linears packed for oneDNN, or with ``int8`` (a draft
+    model, whose numerics never reach the output: engine/models/int8.py) run as int8 where this torch can."""
     path = resolve_checkpoint(name_or_path)
     config = read_config(path)
     args = llama_args(config)
@@ -140,7 +144,8 @@ def load_model(name_or_path: str | Path, dtype: torch.dtype, device: torch.devic
         model.lm_head.weight = model.embed_tokens.weight
     model = model.to(dtype).eval()
     if torch.device(device).type == "cpu":
-        pack_linears_for_cpu(model)
+        if not (int8 and quantize_linears_int8(model)):
+            pack_linears_for_cpu(model)
     else:
         avoid_cudnn_attention()
     model.inv_freq = rope_inv_freq(args).to(device)  # float32 always; was a meta buffer

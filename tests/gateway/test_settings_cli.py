@@ -9,7 +9,8 @@ from gateway.settings import DEFAULT_DRAFT_MODEL, DEFAULT_MODEL, GatewaySettings
 
 ENV_NAMES = {
     "host": "SPECSERVE_HOST", "port": "SPECSERVE_PORT", "model": "SPECSERVE_MODEL",
-    "draft_model": "SPECSERVE_DRAFT_MODEL", "device": "SPECSERVE_DEVICE", "dtype": "SPECSERVE_DTYPE",
+    "draft_model": "SPECSERVE_DRAFT_MODEL", "draft_quantization": "SPECSERVE_DRAFT_QUANTIZATION",
+    "device": "SPECSERVE_DEVICE", "dtype": "SPECSERVE_DTYPE",
     "max_running": "SPECSERVE_MAX_RUNNING", "max_seq_len": "SPECSERVE_MAX_SEQ_LEN",
     "num_kv_blocks": "SPECSERVE_NUM_KV_BLOCKS", "max_waiting": "SPECSERVE_MAX_WAITING",
     "speculation": "SPECSERVE_SPECULATION", "spec_k": "SPECSERVE_SPEC_K", "k_max": "SPECSERVE_K_MAX",
@@ -23,7 +24,8 @@ ENV_NAMES = {
 }
 ENV_VALUES = {
     "host": ("0.0.0.0", "0.0.0.0"), "port": ("9001", 9001), "model": ("/m/target", "/m/target"),
-    "draft_model": ("/m/draft", "/m/draft"), "device": ("cuda:1", "cuda:1"), "dtype": ("bfloat16", "bfloat16"),
+    "draft_model": ("/m/draft", "/m/draft"), "draft_quantization": ("none", "none"), "device": ("cuda:1", "cuda:1"),
+    "dtype": ("bfloat16", "bfloat16"),
     "max_running": ("7", 7), "max_seq_len": ("2048", 2048), "num_kv_blocks": ("99", 99), "max_waiting": ("5", 5),
     "speculation": ("ngram", "ngram"), "spec_k": ("3", 3), "k_max": ("6", 6), "redis_url": ("redis://r:6379/1",
     "redis://r:6379/1"), "api_keys": ("a,b", "a,b"), "api_keys_file": ("/keys", "/keys"), "admin_key": ("adm", "adm"),

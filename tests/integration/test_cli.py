@@ -89,6 +89,19 @@ def test_generate_prints_only_the_completion(run_cli, expected_text, speculation
         assert stats["speculation"]["proposers"]["draft"]["rounds"] > 0
 
 
+def test_generate_with_a_float_draft_prints_the_same_text(run_cli, expected_text):
+    """The draft model's int8 linears (the CPU default) change its acceptance at most, never the text."""
+    code, out, err = run_cli("generate", PROMPT, "--max-tokens", str(MAX_TOKENS), "--device", "cpu",
+                             "--speculation", "draft", "--draft-quantization", "none")
+    assert code == 0, err
+    assert out == expected_text + "\n"
+
+
+def test_generate_int8_draft_on_cuda_exits_2(run_cli):
+    code, out, err = run_cli("generate", PROMPT, "--device", "cuda", "--draft-quantization", "int8")
+    assert code == 2 and out == "" and "int8 runs on a CPU only" in err
+
+
 @pytest.mark.parametrize(("flags", "named"), [
     (["--temperature", "-1"], "temperature"),
     (["--max-tokens", "0"], "max_tokens"),

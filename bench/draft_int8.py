@@ -1,0 +1,104 @@
+"""Does running the draft model's linears as int8 (engine/models/int8.py, a CPU engine's default) pay, end to end?
+
+Lockstep runs (bench/policy_sweep.py's engines and traffic) of ``off``, fixed draft k = 2 and k = 4 and ``adaptive``,
+each beside a twin whose draft model runs oneDNN's packed float32 linears (``--draft-quantization none``): int8 /
+float throughput per policy and cell, the median of paired runs, each policy's ratio to ``off`` both ways, and the
+draft's acceptance both ways (its numerics can change acceptance, never the text). The int8 engines read one set of
+weights, the float twins one float draft model. After each run every policy moves on to the next one's engine
+(``rotate_policies``), and the float draft goes with the twins' policies. ``off``'s twin is the noise control. ::
+
+    taskset -c 0 .venv/bin/python -m bench.draft_int8 [--cells code:1:1,prose:0.7:16] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from bench.common import save, table
+from bench.policy_sweep import (
+    cell_traffic,
+    make_engines,
+    paired_median,
+    plot_beside_twins,
+    rates_of,
+    runs_beside_twins,
+)
+from bench.prompts import PROSE, code_prompts
+from engine.engine import LLMEngine
+from engine.models.llama import LlamaModel, touch_linears
+from engine.models.loader import DEFAULT_DRAFT, load_model
+from engine.models.row_padding import calibrate_row_padding
+
+POLICIES = {"off": {"mode": "off"}, "draft k=2": {"mode": "draft", "k": 2}, "draft k=4": {"mode": "draft", "k": 4},
+            "adaptive": {"mode": "auto"}}
+FLOAT = " (float draft)"
+
+
+def float_draft() -> LlamaModel:
+    """The bundled draft model with packed float32 linears, as ``--draft-quantization none`` loads it, warmed up."""
+    model, _ = load_model(DEFAULT_DRAFT, torch.float32, torch.device("cpu"))
+    calibrate_row_padding(model)
+    touch_linears(model, 2048)
+    return model
+
+
+def draft_in_float(engine: LLMEngine, model: LlamaModel) -> None:
+    """Make ``engine``'s draft proposer run ``model`` while its ``float_draft`` is set (on by this call), its own
+    (int8) draft model otherwise. Set between runs only: a request's draft cache holds one model's keys and values."""
+    runner = engine.proposers["draft"].runner
+    own, step = runner.model, engine.step
+    engine.float_draft = True
+
+    def stepped():
+        runner.model = model if engine.float_draft else own
+        return step()
+
+    engine.step = stepped
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cells", default="code:1:1,prose:0:2,code:0.7:4,prose:1:8,code:1:16,prose:0.7:32",
+                    help="workload:temperature:clients, comma-separated")
+    ap.add_argument("--policies", default=",".join(POLICIES), help=f"among {', '.join(POLICIES)} (off is always run)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell, after one untimed")
+    ap.add_argument("--output", default="draft_int8")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    policies = {name: POLICIES[name] for name in ["off", *args.policies.split(",")] if name in POLICIES}
+    engines = make_engines({name + twin: settings for name, settings in policies.items() for twin in ("", FLOAT)},
+                           "float32", "cpu")
+    model = float_draft()
+    for engine in engines.values():
+        draft_in_float(engine, model)
+    tokenizer = next(iter(engines.values())).tokenizer
+    rows = []
+    for cell in args.cells.split(","):
+        workload, temperature, clients = cell.split(":")
+        texts = PROSE if workload == "prose" else code_prompts(64, max_chars=500)
+        num_requests = max(32, 4 * int(clients))
+        prompts, params = cell_traffic(tokenizer, texts, num_requests, float(temperature), 48, 0.5)
+        runs = runs_beside_twins(engines, prompts, params, int(clients), args.repeats, FLOAT, "float_draft")
+        rates = rates_of(runs)
+        row = {"cell": f"{workload} T={temperature} c={clients}"}
+        for name in policies:
+            row[f"{name} tok/s"] = statistics.median(rates[name])
+            row[f"{name} int8/float"] = paired_median(rates[name], rates[name + FLOAT])
+            if name != "off":
+                row[f"{name}/off"] = paired_median(rates[name], rates["off"])
+                row[f"{name}/off, float"] = paired_median(rates[name + FLOAT], rates["off" + FLOAT])
+                row[f"{name} acceptance"] = statistics.mean(run.acceptance for run in runs[name])
+                row[f"{name} acceptance, float"] = statistics.mean(run.acceptance for run in runs[name + FLOAT])
+        rows.append(row)
+        print(table([row], list(row)), flush=True)
+    print(table(rows, list(rows[0])))
+    save(args.output, {"args": vars(args), "cells": rows})
+    plot_beside_twins(rows, list(policies), args.output, "int8/float", "float", "int8",
+                      "Int8 draft linears, lockstep")
+
+
+if __name__ == "__main__":
+    main()
