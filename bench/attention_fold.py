@@ -20,26 +20,21 @@ code clients (T = 0.7; 1.009x -> 1.058x), 1.026x at 16 code clients (T = 1), 1.0
 
 from __future__ import annotations
 
-import argparse
-import statistics
-
-import torch
-
 from bench.common import save, table
 from bench.policy_sweep import (
-    cell_traffic,
-    make_engines,
-    paired_median,
     plot_beside_twins,
     rates_of,
     runs_beside_twins,
+    twin_bench,
+    twin_cells,
+    twin_row,
 )
-from bench.prompts import PROSE, code_prompts
 from engine.engine import LLMEngine
 from engine.models import llama
 
 POLICIES = {"off": {"mode": "off"}, "draft k=2": {"mode": "draft", "k": 2}, "adaptive": {"mode": "auto"}}
 PER_HEAD = " (per head)"
+CELLS = "prose:1:32,code:0.7:32,code:1:16,prose:0.7:8,code:0:4,prose:0:2"  # default --cells (workload:T:clients)
 
 
 def attend_per_head(engine: LLMEngine) -> None:
@@ -61,34 +56,14 @@ def attend_per_head(engine: LLMEngine) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cells", default="prose:1:32,code:0.7:32,code:1:16,prose:0.7:8,code:0:4,prose:0:2",
-                    help="workload:temperature:clients, comma-separated")
-    ap.add_argument("--policies", default=",".join(POLICIES), help=f"among {', '.join(POLICIES)} (off is always run)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell, after one untimed")
-    ap.add_argument("--output", default="attention_fold")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    policies = {name: POLICIES[name] for name in ["off", *args.policies.split(",")] if name in POLICIES}
-    engines = make_engines({name + twin: settings for name, settings in policies.items() for twin in ("", PER_HEAD)},
-                           "float32", "cpu")
+    args, policies, engines = twin_bench(__doc__, CELLS, POLICIES, PER_HEAD, "attention_fold")
     for engine in engines.values():
         attend_per_head(engine)
     tokenizer = next(iter(engines.values())).tokenizer
     rows = []
-    for cell in args.cells.split(","):
-        workload, temperature, clients = cell.split(":")
-        texts = PROSE if workload == "prose" else code_prompts(64, max_chars=500)
-        num_requests = max(32, 4 * int(clients))
-        prompts, params = cell_traffic(tokenizer, texts, num_requests, float(temperature), 48, 0.5)
-        rates = rates_of(runs_beside_twins(engines, prompts, params, int(clients), args.repeats, PER_HEAD, "per_head"))
-        row = {"cell": f"{workload} T={temperature} c={clients}"}
-        for name in policies:
-            row[f"{name} tok/s"] = statistics.median(rates[name])
-            row[f"{name} folded/per-head"] = paired_median(rates[name], rates[name + PER_HEAD])
-            if name != "off":
-                row[f"{name}/off"] = paired_median(rates[name], rates["off"])
-                row[f"{name}/off, per head"] = paired_median(rates[name + PER_HEAD], rates["off" + PER_HEAD])
+    for label, clients, prompts, params in twin_cells(args.cells, tokenizer):
+        rates = rates_of(runs_beside_twins(engines, prompts, params, clients, args.repeats, PER_HEAD, "per_head"))
+        row = twin_row(label, list(policies), rates, PER_HEAD, "folded/per-head", "per head")
         rows.append(row)
         print(table([row], list(row)), flush=True)
     print(table(rows, list(rows[0])))

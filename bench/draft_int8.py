@@ -19,21 +19,19 @@ clients (T = 0.7); adaptive 1.01x -> 1.10x and 1.01x -> 1.06x at those last two.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import torch
 
 from bench.common import save, table
 from bench.policy_sweep import (
-    cell_traffic,
-    make_engines,
-    paired_median,
     plot_beside_twins,
     rates_of,
     runs_beside_twins,
+    twin_bench,
+    twin_cells,
+    twin_row,
 )
-from bench.prompts import PROSE, code_prompts
 from engine.engine import LLMEngine
 from engine.models.llama import LlamaModel, touch_linears
 from engine.models.loader import DEFAULT_DRAFT, load_model
@@ -42,6 +40,7 @@ from engine.models.row_padding import calibrate_row_padding
 POLICIES = {"off": {"mode": "off"}, "draft k=2": {"mode": "draft", "k": 2}, "draft k=4": {"mode": "draft", "k": 4},
             "adaptive": {"mode": "auto"}}
 FLOAT = " (float draft)"
+CELLS = "code:1:1,prose:0:2,code:0.7:4,prose:1:8,code:1:16,prose:0.7:32"  # default --cells (workload:T:clients)
 
 
 def float_draft() -> LlamaModel:
@@ -67,36 +66,17 @@ def draft_in_float(engine: LLMEngine, model: LlamaModel) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cells", default="code:1:1,prose:0:2,code:0.7:4,prose:1:8,code:1:16,prose:0.7:32",
-                    help="workload:temperature:clients, comma-separated")
-    ap.add_argument("--policies", default=",".join(POLICIES), help=f"among {', '.join(POLICIES)} (off is always run)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell, after one untimed")
-    ap.add_argument("--output", default="draft_int8")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    policies = {name: POLICIES[name] for name in ["off", *args.policies.split(",")] if name in POLICIES}
-    engines = make_engines({name + twin: settings for name, settings in policies.items() for twin in ("", FLOAT)},
-                           "float32", "cpu")
+    args, policies, engines = twin_bench(__doc__, CELLS, POLICIES, FLOAT, "draft_int8")
     model = float_draft()
     for engine in engines.values():
         draft_in_float(engine, model)
     tokenizer = next(iter(engines.values())).tokenizer
     rows = []
-    for cell in args.cells.split(","):
-        workload, temperature, clients = cell.split(":")
-        texts = PROSE if workload == "prose" else code_prompts(64, max_chars=500)
-        num_requests = max(32, 4 * int(clients))
-        prompts, params = cell_traffic(tokenizer, texts, num_requests, float(temperature), 48, 0.5)
-        runs = runs_beside_twins(engines, prompts, params, int(clients), args.repeats, FLOAT, "float_draft")
-        rates = rates_of(runs)
-        row = {"cell": f"{workload} T={temperature} c={clients}"}
+    for label, clients, prompts, params in twin_cells(args.cells, tokenizer):
+        runs = runs_beside_twins(engines, prompts, params, clients, args.repeats, FLOAT, "float_draft")
+        row = twin_row(label, list(policies), rates_of(runs), FLOAT, "int8/float", "float")
         for name in policies:
-            row[f"{name} tok/s"] = statistics.median(rates[name])
-            row[f"{name} int8/float"] = paired_median(rates[name], rates[name + FLOAT])
             if name != "off":
-                row[f"{name}/off"] = paired_median(rates[name], rates["off"])
-                row[f"{name}/off, float"] = paired_median(rates[name + FLOAT], rates["off" + FLOAT])
                 row[f"{name} acceptance"] = statistics.mean(run.acceptance for run in runs[name])
                 row[f"{name} acceptance, float"] = statistics.mean(run.acceptance for run in runs[name + FLOAT])
         rows.append(row)

@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+from collections.abc import Iterator
 
 import torch
 
@@ -305,6 +306,48 @@ def runs_beside_twins(engines: dict[str, LLMEngine], prompts: list[list[int]], p
 def rates_of(runs: dict[str, list[RunResult]]) -> dict[str, list[float]]:
     """Tokens/s of each name's runs."""
     return {name: [run.tokens_per_s for run in results] for name, results in runs.items()}
+
+
+def twin_bench(description: str, cells: str, policies: dict[str, dict], twin_suffix: str,
+               output: str) -> tuple[argparse.Namespace, dict[str, dict], dict[str, LLMEngine]]:
+    """The command line of a benchmark that runs policies beside twins (``--cells``, ``--policies``, ``--repeats``,
+    ``--output``), and what it asks for: (args, the policies run, ``off`` first, an engine per policy and twin),
+    on one torch thread."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cells", default=cells, help="workload:temperature:clients, comma-separated")
+    ap.add_argument("--policies", default=",".join(policies), help=f"among {', '.join(policies)} (off is always run)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per cell, after one untimed")
+    ap.add_argument("--output", default=output)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    chosen = {name: policies[name] for name in ["off", *args.policies.split(",")] if name in policies}
+    engines = make_engines({name + twin: settings for name, settings in chosen.items() for twin in ("", twin_suffix)},
+                           "float32", "cpu")
+    return args, chosen, engines
+
+
+def twin_cells(cells: str, tokenizer) -> Iterator[tuple[str, int, list[list[int]], list[SamplingParams]]]:
+    """Each ``workload:temperature:clients`` of ``cells`` (comma-separated): its label, clients and a sweep cell's
+    traffic, for benchmarks that run every policy beside a twin (`runs_beside_twins`)."""
+    for cell in cells.split(","):
+        workload, temperature, clients = cell.split(":")
+        texts = PROSE if workload == "prose" else code_prompts(64, max_chars=500)
+        prompts, params = cell_traffic(tokenizer, texts, max(32, 4 * int(clients)), float(temperature), 48, 0.5)
+        yield f"{workload} T={temperature} c={clients}", int(clients), prompts, params
+
+
+def twin_row(label: str, policies: list[str], rates: dict[str, list[float]], twin_suffix: str, gain: str,
+             twin: str) -> dict:
+    """A cell's row (`plot_beside_twins` reads it): each policy's median tokens/s, its rate over its twin's
+    (``"<policy> <gain>"``), and each speculative policy's over ``off``'s, its own way and its twin's."""
+    row: dict = {"cell": label}
+    for name in policies:
+        row[f"{name} tok/s"] = statistics.median(rates[name])
+        row[f"{name} {gain}"] = paired_median(rates[name], rates[name + twin_suffix])
+        if name != "off":
+            row[f"{name}/off"] = paired_median(rates[name], rates["off"])
+            row[f"{name}/off, {twin}"] = paired_median(rates[name + twin_suffix], rates["off" + twin_suffix])
+    return row
 
 
 def plot_beside_twins(rows: list[dict], policies: list[str], output: str, gain: str, twin: str, own: str,

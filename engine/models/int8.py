@@ -21,6 +21,8 @@ import warnings
 import torch
 from torch import nn
 
+from engine.models.llama import replace_linears
+
 PROBE_TOLERANCE = 0.05  # of the probe's largest output: int8 rounding stays well within this
 
 
@@ -63,8 +65,5 @@ def quantize_linears_int8(model: nn.Module) -> bool:
         return False
     if not ok:
         return False
-    for parent in list(model.modules()):
-        for name, child in parent.named_children():
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear(child))
+    replace_linears(model, Int8Linear)
     return True

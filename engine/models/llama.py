@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -456,11 +457,16 @@ def pack_linears_for_cpu(model: nn.Module) -> bool:
         return False
     if not ok:
         return False
+    replace_linears(model, PackedLinear)
+    return True
+
+
+def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
+    """Put ``make(linear)`` in the place of every ``nn.Linear`` of ``model``."""
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if isinstance(child, nn.Linear):
-                setattr(parent, name, PackedLinear(child))
-    return True
+                setattr(parent, name, make(child))
 
 
 class LlamaModel(nn.Module):
