@@ -5,8 +5,9 @@ reads the draft's distribution only as the one its tokens were drawn from. So th
 arithmetic, and only its acceptance (how often the target agrees) can change. Its k passes a round run a few rows
 each through small weights, where a CPU streams the weights and pays per call: on a Zen 3 VM (one thread) the
 bundled draft's pass took 1.6 ms with int8 linears against 2.0 ms with oneDNN's packed float32 ones at 1 request,
-4.3 against 6.0 ms at 32, and fixed draft k = 4 ran 1.10x faster at 1 code client (T = 1), k = 2 1.07x at 16 prose
-clients (T = 0.7), at the same acceptance (bench/draft_int8.py).
+4.3 against 6.0 ms at 32, and in lockstep speculation ran 1.02-1.11x faster at the same acceptance (fixed draft
+k = 4 1.10x at 1 code client, T = 1; k = 2 1.05x at 32 prose clients, T = 0.7, from 1.03x to 1.09x ``off``;
+bench/draft_int8.py). No kernel is built per row count: a new count's first call costs about what a repeat does.
 
 Weights are quantized per output channel (symmetric, max-abs); activations are quantized per call by fbgemm's
 dynamic linear (``torch.ops.quantized.linear_dynamic``), with the reduced range that keeps its AVX2 kernels from
