@@ -20,10 +20,10 @@ code clients (T = 0.7; 1.009x -> 1.058x), 1.026x at 16 code clients (T = 1), 1.0
 
 from __future__ import annotations
 
-from bench.common import save, table
+from bench.common import table
 from bench.policy_sweep import (
-    plot_beside_twins,
     rates_of,
+    report_twin_bench,
     runs_beside_twins,
     twin_bench,
     twin_cells,
@@ -66,9 +66,7 @@ def main() -> None:
         row = twin_row(label, list(policies), rates, PER_HEAD, "folded/per-head", "per head")
         rows.append(row)
         print(table([row], list(row)), flush=True)
-    print(table(rows, list(rows[0])))
-    save(args.output, {"args": vars(args), "cells": rows})
-    plot_beside_twins(rows, list(policies), args.output, "folded/per-head", "per head", "folded",
+    report_twin_bench(args, rows, list(policies), "folded/per-head", "per head", "folded",
                       "Folded short-run attention, lockstep")
 
 

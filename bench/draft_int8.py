@@ -23,10 +23,10 @@ import statistics
 
 import torch
 
-from bench.common import save, table
+from bench.common import table
 from bench.policy_sweep import (
-    plot_beside_twins,
     rates_of,
+    report_twin_bench,
     runs_beside_twins,
     twin_bench,
     twin_cells,
@@ -81,10 +81,7 @@ def main() -> None:
                 row[f"{name} acceptance, float"] = statistics.mean(run.acceptance for run in runs[name + FLOAT])
         rows.append(row)
         print(table([row], list(row)), flush=True)
-    print(table(rows, list(rows[0])))
-    save(args.output, {"args": vars(args), "cells": rows})
-    plot_beside_twins(rows, list(policies), args.output, "int8/float", "float", "int8",
-                      "Int8 draft linears, lockstep")
+    report_twin_bench(args, rows, list(policies), "int8/float", "float", "int8", "Int8 draft linears, lockstep")
 
 
 if __name__ == "__main__":

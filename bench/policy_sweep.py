@@ -351,6 +351,14 @@ def twin_row(label: str, policies: list[str], rates: dict[str, list[float]], twi
     return row
 
 
+def report_twin_bench(args: argparse.Namespace, rows: list[dict], policies: list[str], gain: str, twin: str,
+                      own: str, title: str) -> None:
+    """A twin benchmark's end: its table, its JSON and its plot (`plot_beside_twins`) under ``args.output``."""
+    print(table(rows, list(rows[0])))
+    save(args.output, {"args": vars(args), "cells": rows})
+    plot_beside_twins(rows, policies, args.output, gain, twin, own, title)
+
+
 def plot_beside_twins(rows: list[dict], policies: list[str], output: str, gain: str, twin: str, own: str,
                       title: str) -> None:
     """Two panels from `runs_beside_twins` cells: each policy's throughput over its twin's (row key
