@@ -25,11 +25,11 @@ from bench.policy_sweep import (
     rates_of,
     report_twin_bench,
     runs_beside_twins,
+    step_with_setting,
     twin_bench,
     twin_cells,
     twin_row,
 )
-from engine.engine import LLMEngine
 from engine.models import llama
 
 POLICIES = {"off": {"mode": "off"}, "draft k=2": {"mode": "draft", "k": 2}, "adaptive": {"mode": "auto"}}
@@ -37,28 +37,10 @@ PER_HEAD = " (per head)"
 CELLS = "prose:1:32,code:0.7:32,code:1:16,prose:0.7:8,code:0:4,prose:0:2"  # default --cells (workload:T:clients)
 
 
-def attend_per_head(engine: LLMEngine) -> None:
-    """Make ``engine``'s steps attend per head (``llama.FOLD_SHORT_RUNS`` off, shared by every engine of the process)
-    while its ``per_head`` is set (on by this call)."""
-    step = engine.step
-    engine.per_head = True
-
-    def per_head_step():
-        if not engine.per_head:
-            return step()
-        llama.FOLD_SHORT_RUNS = False
-        try:
-            return step()
-        finally:
-            llama.FOLD_SHORT_RUNS = True
-
-    engine.step = per_head_step
-
-
 def main() -> None:
     args, policies, engines = twin_bench(__doc__, CELLS, POLICIES, PER_HEAD, "attention_fold")
     for engine in engines.values():
-        attend_per_head(engine)
+        step_with_setting(engine, "per_head", llama, "FOLD_SHORT_RUNS", False)
     tokenizer = next(iter(engines.values())).tokenizer
     rows = []
     for label, clients, prompts, params in twin_cells(args.cells, tokenizer):

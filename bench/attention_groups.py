@@ -48,6 +48,7 @@ def mixes(batch: int, rng: random.Random) -> dict[str, list[int]]:
         "half plain, half k=4": [1] * half + [5] * (batch - half),
         "k=0..4 mixed": [1 + i % 5 for i in range(batch)],
         "a third plain, n-gram k=1..8": [1 if i % 3 == 0 else rng.randint(2, 9) for i in range(batch)],
+        "k=2, an eighth n-gram k=8": [9 if i % 8 == 0 else 3 for i in range(batch)],
         f"all k=2, a {PROMPT}-token prompt joining": [3] * batch + [-PROMPT],
         **{f"all k=2, a {n}-token prompt joining": [3] * batch + [-n] for n in SHORT_PROMPTS},
     }
@@ -62,12 +63,14 @@ def fed_chunk(request_id: str, num_new: int, context: int, rng: random.Random) -
 
 def time_ways(runner, chunks: list[SeqChunk], repeats: int, device: torch.device) -> dict[str, tuple[float, list]]:
     """Per way of grouping (`WAYS`): the median milliseconds of the pass, and its logits. The ways take turns every
-    repeat: timed one after the other, identical groupings read 5-15% apart on a shared VM."""
+    repeat, in an order shuffled every repeat: timed one after the other, identical groupings read 5-15% apart on a
+    shared VM, and in a fixed order the one timed first read ~4% slower than an identical one after it."""
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {way: [] for way in WAYS}
     logits = {}
     for repeat in range(repeats + 2):  # two untimed: first touches
-        for way, (merge, grouping) in WAYS.items():
+        for way in random.Random(repeat).sample(list(WAYS), len(WAYS)):
+            merge, grouping = WAYS[way]
             runner.merge_decodes = merge
             with grouping():
                 synchronize()
@@ -91,8 +94,20 @@ def verifications_unknown():
         model_runner.build_attention_metadata = build
 
 
+@contextlib.contextmanager
+def one_short_group():
+    """Short runs grouped the other way round from ``EXACT_SHORT_RUNS`` (one group per length, or all in one)."""
+    own = llama.EXACT_SHORT_RUNS
+    llama.EXACT_SHORT_RUNS = not own
+    try:
+        yield
+    finally:
+        llama.EXACT_SHORT_RUNS = own
+
+
 WAYS = {"apart": (False, contextlib.nullcontext), "merged": (True, contextlib.nullcontext),
-        "short_runs_joined": (False, verifications_unknown)}  # (merge_decodes, grouping)
+        "short_runs_joined": (False, verifications_unknown),
+        "one_short_group": (False, one_short_group)}  # (merge_decodes, grouping)
 
 
 def main() -> None:
@@ -120,11 +135,12 @@ def main() -> None:
             chunks = [fed_chunk(request_id, n, args.context, rng) for request_id, n in zip(ids, num_new, strict=False)]
             num_new = [abs(n) for n in num_new]
             timed = time_ways(runner, chunks, args.repeats, device)
-            (apart, apart_logits), (merged, merged_logits), (joined, _) = timed.values()
+            (apart, apart_logits), (merged, merged_logits), (joined, _), (one_group, _) = timed.values()
             diff = max(float((a - b).abs().max()) for a, b in zip(apart_logits, merged_logits, strict=True))
             rows.append({"mix": name, "tokens": sum(num_new), "groups_apart_ms": apart, "merged_ms": merged,
                          "merged_vs_apart": merged / apart, "short_runs_joined_ms": joined,
-                         "apart_vs_joined": apart / joined, "max_logit_diff": diff})
+                         "apart_vs_joined": apart / joined, "one_short_group_ms": one_group,
+                         "apart_vs_one_short_group": apart / one_group, "max_logit_diff": diff})
     print(table(rows, list(rows[0])))
     print(f"saved {save(f'attention_groups_{args.device}_{args.dtype}', {'args': vars(args), 'rows': rows})}")
 

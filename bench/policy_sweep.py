@@ -304,6 +304,25 @@ def runs_beside_twins(engines: dict[str, LLMEngine], prompts: list[list[int]], p
     return runs
 
 
+def step_with_setting(engine: LLMEngine, twin_flag: str, module, name: str, value) -> None:
+    """Make ``engine``'s steps run with ``module.<name>`` set to ``value`` (a module setting shared by every engine of
+    the process, restored after each step) while the engine's ``twin_flag`` attribute is set (on by this call): the
+    twins of `runs_beside_twins` that differ by such a setting."""
+    step, own = engine.step, getattr(module, name)
+    setattr(engine, twin_flag, True)
+
+    def twin_step():
+        if not getattr(engine, twin_flag):
+            return step()
+        setattr(module, name, value)
+        try:
+            return step()
+        finally:
+            setattr(module, name, own)
+
+    engine.step = twin_step
+
+
 def rates_of(runs: dict[str, list[RunResult]]) -> dict[str, list[float]]:
     """Tokens/s of each name's runs."""
     return {name: [run.tokens_per_s for run in results] for name, results in runs.items()}

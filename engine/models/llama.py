@@ -46,6 +46,9 @@ SHORT_RUN = 17
 # CPU: short runs attend with each kv head's query heads folded into one query axis (`Attention._attend_folded`);
 # bench/attention_fold.py turns it off for a twin engine's steps, to compare
 FOLD_SHORT_RUNS = True
+# CPU: short runs attend in one group per length (`_length_class`). Off: in lockstep (bench/attention_lengths.py, s72)
+# fixed policies and `off` read 1.00-1.02x with it, adaptive 0.93-1.04x (its guard's swings), so it waits for more runs
+EXACT_SHORT_RUNS = False
 
 
 @dataclass
@@ -117,7 +120,8 @@ def build_attention_metadata(
     if num_logits is not None and not merge_decodes:
         longest = max((n for n, scored in zip(num_new, num_logits) if n == scored > 1), default=SHORT_RUN)
         short_run = min(SHORT_RUN, 2 * longest)
-    classes = [_length_class(n, short_run) for n in num_new]
+    exact = EXACT_SHORT_RUNS and not merge_decodes
+    classes = [_length_class(n, short_run, exact) for n in num_new]
     if merge_decodes and 1 in classes:
         classes = [max(c, 1) for c in classes]
     present = sorted(set(classes))
@@ -134,14 +138,20 @@ def build_attention_metadata(
     return AttentionMetadata(write_index=torch.cat(writes).to(device), groups=groups)
 
 
-def _length_class(num_new: int, short_run: int) -> int:
-    """0: a decode; 1: a short run of up to ``short_run`` tokens (verification, a draft's catch-up); from 2 on, prefill
-    chunks, one class per doubling of length, so that none is padded to over twice its length: a 50-token prompt
-    padded to a 200-token one beside it made a step of 32 verifying requests 80 ms, against 68 ms attending apart (one
-    CPU thread)."""
+def _length_class(num_new: int, short_run: int, exact_short_runs: bool = False) -> int:
+    """0: a decode; 1: a short run of up to ``short_run`` tokens (verification, a draft's catch-up), or with
+    ``exact_short_runs`` one class per length (2 .. ``short_run``); above ``short_run``, prefill chunks, one class per
+    doubling of length, so that none is padded to over twice its length: a 50-token prompt padded to a 200-token one
+    beside it made a step of 32 verifying requests 80 ms, against 68 ms attending apart (one CPU thread).
+
+    Exact short runs are a CPU's rule: there a group's cost is its padded grid, not its calls. An adaptive plan
+    mixes k's (n-gram k = 8 beside draft k = 2, plain decode beside both), and one long run padded every
+    verifying request to it: at 32 requests over 300-token contexts (one thread) a pass of k = 0..8 mixed took
+    0.81-0.87x the time in one group per length, 28 k = 2 beside 4 k = 8 0.89x, uniform k the same
+    (`bench/attention_groups.py`)."""
     if num_new <= short_run:
-        return int(num_new > 1)
-    return 1 + (num_new - 1).bit_length()
+        return num_new if exact_short_runs and num_new > 1 else int(num_new > 1)
+    return short_run + (num_new - 1).bit_length()
 
 
 def _attention_group(

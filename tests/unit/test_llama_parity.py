@@ -166,6 +166,19 @@ def test_short_runs_fold_query_heads_per_kv_head_and_attend_as_each_head_alone(r
             row += 1
 
 
+def test_short_runs_may_attend_one_group_per_length(monkeypatch):
+    """``EXACT_SHORT_RUNS`` (a CPU's option): no short run is padded to another's length."""
+    from engine.models import llama
+
+    monkeypatch.setattr(llama, "EXACT_SHORT_RUNS", True)
+    contexts = [torch.arange(10), torch.arange(20, 27), torch.arange(40, 52), torch.arange(60, 66)]
+    groups = llama.build_attention_metadata(contexts, [2, 3, 4, 3], CPU).groups
+    assert [(g.batch_size, g.max_new, g.uniform) for g in groups] == [(1, 2, True), (2, 3, True), (1, 4, True)]
+    assert [g.token_index.tolist() for g in groups] == [[0, 1], [2, 3, 4, 9, 10, 11], [5, 6, 7, 8]]
+    (only,) = llama.build_attention_metadata(contexts, [2, 3, 4, 3], CPU, merge_decodes=True).groups
+    assert only.max_new == 4 and not only.uniform
+
+
 def test_merged_decodes_attend_with_short_runs_only():
     """On a GPU decodes join the verifying requests' group (one attention call fewer per layer), never a prefill
     chunk's; a batch of decodes alone keeps its unmasked decode group."""
