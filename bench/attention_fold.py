@@ -20,16 +20,7 @@ code clients (T = 0.7; 1.009x -> 1.058x), 1.026x at 16 code clients (T = 1), 1.0
 
 from __future__ import annotations
 
-from bench.common import table
-from bench.policy_sweep import (
-    rates_of,
-    report_twin_bench,
-    runs_beside_twins,
-    step_with_setting,
-    twin_bench,
-    twin_cells,
-    twin_row,
-)
+from bench.policy_sweep import setting_twin_bench
 from engine.models import llama
 
 POLICIES = {"off": {"mode": "off"}, "draft k=2": {"mode": "draft", "k": 2}, "adaptive": {"mode": "auto"}}
@@ -38,18 +29,9 @@ CELLS = "prose:1:32,code:0.7:32,code:1:16,prose:0.7:8,code:0:4,prose:0:2"  # def
 
 
 def main() -> None:
-    args, policies, engines = twin_bench(__doc__, CELLS, POLICIES, PER_HEAD, "attention_fold")
-    for engine in engines.values():
-        step_with_setting(engine, "per_head", llama, "FOLD_SHORT_RUNS", False)
-    tokenizer = next(iter(engines.values())).tokenizer
-    rows = []
-    for label, clients, prompts, params in twin_cells(args.cells, tokenizer):
-        rates = rates_of(runs_beside_twins(engines, prompts, params, clients, args.repeats, PER_HEAD, "per_head"))
-        row = twin_row(label, list(policies), rates, PER_HEAD, "folded/per-head", "per head")
-        rows.append(row)
-        print(table([row], list(row)), flush=True)
-    report_twin_bench(args, rows, list(policies), "folded/per-head", "per head", "folded",
-                      "Folded short-run attention, lockstep")
+    setting_twin_bench(__doc__, CELLS, POLICIES, PER_HEAD, "attention_fold",
+                       (llama, "FOLD_SHORT_RUNS", False, True), "folded/per-head", "per head", "folded",
+                       "Folded short-run attention, lockstep")
 
 
 if __name__ == "__main__":

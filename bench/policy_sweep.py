@@ -304,23 +304,43 @@ def runs_beside_twins(engines: dict[str, LLMEngine], prompts: list[list[int]], p
     return runs
 
 
-def step_with_setting(engine: LLMEngine, twin_flag: str, module, name: str, value) -> None:
-    """Make ``engine``'s steps run with ``module.<name>`` set to ``value`` (a module setting shared by every engine of
-    the process, restored after each step) while the engine's ``twin_flag`` attribute is set (on by this call): the
-    twins of `runs_beside_twins` that differ by such a setting."""
-    step, own = engine.step, getattr(module, name)
+def step_with_setting(engine: LLMEngine, twin_flag: str, module, name: str, twin_value, own_value=None) -> None:
+    """Make ``engine``'s steps run with ``module.<name>`` (a module setting shared by every engine of the process,
+    restored after each step) set to ``twin_value`` while the engine's ``twin_flag`` attribute is set (on by this
+    call), to ``own_value`` otherwise (None: as the module has it): the twins of `runs_beside_twins` that differ by
+    such a setting."""
+    step = engine.step
     setattr(engine, twin_flag, True)
 
-    def twin_step():
-        if not getattr(engine, twin_flag):
-            return step()
-        setattr(module, name, value)
+    def stepped():
+        before = getattr(module, name)
+        value = twin_value if getattr(engine, twin_flag) else own_value
+        setattr(module, name, before if value is None else value)
         try:
             return step()
         finally:
-            setattr(module, name, own)
+            setattr(module, name, before)
 
-    engine.step = twin_step
+    engine.step = stepped
+
+
+def setting_twin_bench(description: str, cells: str, policies: dict[str, dict], twin_suffix: str, output: str,
+                       setting: tuple, gain: str, twin: str, own: str, title: str) -> None:
+    """A whole benchmark of every policy beside a twin whose steps run with a module setting changed (``setting``:
+    module, name, the twins' value, the policies' own value or None), from the command line (`twin_bench`) to its
+    report (`report_twin_bench`)."""
+    args, chosen, engines = twin_bench(description, cells, policies, twin_suffix, output)
+    for engine in engines.values():
+        step_with_setting(engine, "setting_twin", *setting)
+    tokenizer = next(iter(engines.values())).tokenizer
+    rows = []
+    for label, clients, prompts, params in twin_cells(args.cells, tokenizer):
+        rates = rates_of(runs_beside_twins(engines, prompts, params, clients, args.repeats, twin_suffix,
+                                           "setting_twin"))
+        row = twin_row(label, list(chosen), rates, twin_suffix, gain, twin)
+        rows.append(row)
+        print(table([row], list(row)), flush=True)
+    report_twin_bench(args, rows, list(chosen), gain, twin, own, title)
 
 
 def rates_of(runs: dict[str, list[RunResult]]) -> dict[str, list[float]]:

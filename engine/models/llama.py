@@ -144,11 +144,11 @@ def _length_class(num_new: int, short_run: int, exact_short_runs: bool = False) 
     doubling of length, so that none is padded to over twice its length: a 50-token prompt padded to a 200-token one
     beside it made a step of 32 verifying requests 80 ms, against 68 ms attending apart (one CPU thread).
 
-    Exact short runs are a CPU's rule: there a group's cost is its padded grid, not its calls. An adaptive plan
-    mixes k's (n-gram k = 8 beside draft k = 2, plain decode beside both), and one long run padded every
-    verifying request to it: at 32 requests over 300-token contexts (one thread) a pass of k = 0..8 mixed took
-    0.81-0.87x the time in one group per length, 28 k = 2 beside 4 k = 8 0.89x, uniform k the same
-    (`bench/attention_groups.py`)."""
+    Exact short runs are a CPU's option (``EXACT_SHORT_RUNS``): there a group's cost is its padded grid, not its calls.
+    An adaptive plan mixes k's (n-gram k = 8 beside draft k = 2, plain decode beside both), and one long run pads every
+    verifying request to it: at 16-32 requests over 300-400-token contexts (one thread) passes of k = 0..4 mixed took
+    0.85-0.91x the time in one group per length, k = 2 with an eighth at k = 8 0.86-0.91x, uniform k the same; at 4-8
+    requests within noise (`bench/attention_groups.py`)."""
     if num_new <= short_run:
         return num_new if exact_short_runs and num_new > 1 else int(num_new > 1)
     return short_run + (num_new - 1).bit_length()

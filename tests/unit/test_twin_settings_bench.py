@@ -19,15 +19,15 @@ class _Engine:
         raise RuntimeError("a step that fails still leaves the setting restored")
 
 
-@pytest.mark.parametrize(("setting", "flag"), [("FOLD_SHORT_RUNS", "per_head"), ("EXACT_SHORT_RUNS", "one_group")])
-def test_a_twins_steps_run_with_the_setting_changed_and_leave_it_restored(setting: str, flag: str) -> None:
+@pytest.mark.parametrize("setting", ["FOLD_SHORT_RUNS", "EXACT_SHORT_RUNS"])
+def test_a_twins_steps_run_with_the_setting_changed_and_leave_it_restored(setting: str) -> None:
     engine = _Engine(setting)
-    own = getattr(llama, setting)
-    step_with_setting(engine, flag, llama, setting, not own)
+    default = getattr(llama, setting)
+    step_with_setting(engine, "setting_twin", llama, setting, False, True)
     with pytest.raises(RuntimeError):
         engine.step()
-    assert engine.seen == [not own] and getattr(llama, setting) is own
-    setattr(engine, flag, False)  # its policy moved on to another engine
+    assert engine.seen == [False] and getattr(llama, setting) is default
+    engine.setting_twin = False  # its policy moved on to another engine
     with pytest.raises(RuntimeError):
         engine.step()
-    assert engine.seen[-1] is own
+    assert engine.seen[-1] is True and getattr(llama, setting) is default
