@@ -98,7 +98,7 @@ def verifications_unknown():
 
 @contextlib.contextmanager
 def per_length():
-    """Short runs in one group per length (``EXACT_SHORT_RUNS``, a CPU's option), whatever the default."""
+    """Short runs in one group per length (``EXACT_SHORT_RUNS``, a CPU's rule), whatever the default."""
     own = llama.EXACT_SHORT_RUNS
     llama.EXACT_SHORT_RUNS = True
     try:

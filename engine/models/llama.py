@@ -46,9 +46,12 @@ SHORT_RUN = 17
 # CPU: short runs attend with each kv head's query heads folded into one query axis (`Attention._attend_folded`);
 # bench/attention_fold.py turns it off for a twin engine's steps, to compare
 FOLD_SHORT_RUNS = True
-# CPU: short runs attend in one group per length (`_length_class`). Off: in lockstep (bench/attention_lengths.py, s72)
-# fixed policies and `off` read 1.00-1.02x with it, adaptive 0.93-1.04x (its guard's swings), so it waits for more runs
-EXACT_SHORT_RUNS = False
+# CPU: short runs attend in one group per length (`_length_class`), none padded to a longer one. Its cost is what the
+# step-cost model, linear in fed tokens, assumes: in one padded group, an adaptive plan's mixed k's made its speculative
+# steps at 17-32 requests 1.09-1.12x what the model predicted (1.0 at smaller batches), and so it drafted too long
+# (k = 3 where k = 2 wins); per length 0.98-0.99x (code T = 0, 32 clients, Zen 4). bench/attention_lengths.py turns it
+# off for a twin engine's steps, to compare
+EXACT_SHORT_RUNS = True
 
 
 @dataclass
@@ -144,7 +147,7 @@ def _length_class(num_new: int, short_run: int, exact_short_runs: bool = False) 
     doubling of length, so that none is padded to over twice its length: a 50-token prompt padded to a 200-token one
     beside it made a step of 32 verifying requests 80 ms, against 68 ms attending apart (one CPU thread).
 
-    Exact short runs are a CPU's option (``EXACT_SHORT_RUNS``): there a group's cost is its padded grid, not its calls.
+    Exact short runs are a CPU's rule (``EXACT_SHORT_RUNS``): there a group's cost is its padded grid, not its calls.
     An adaptive plan mixes k's (n-gram k = 8 beside draft k = 2, plain decode beside both), and one long run pads every
     verifying request to it: at 16-32 requests over 300-400-token contexts (one thread) passes of k = 0..4 mixed took
     0.85-0.91x the time in one group per length, k = 2 with an eighth at k = 8 0.86-0.91x, uniform k the same; at 4-8

@@ -135,12 +135,18 @@ def test_decodes_attend_apart_from_multi_token_requests():
     assert (decodes.batch_size, decodes.max_new, decodes.token_index.tolist()) == (2, 1, [0, 4])
     assert (others.batch_size, others.max_new, others.token_index.tolist()) == (1, 3, [1, 2, 3])
     assert meta.write_index.tolist() == [9, 24, 25, 26, 51]
-    (only,) = build_attention_metadata(contexts, [2, 3, 4], CPU).groups
-    assert only.token_index is None and only.max_new == 4 and not only.uniform
+
+
+@pytest.fixture
+def one_short_group(monkeypatch):
+    """Short runs in one group padded to the longest (``EXACT_SHORT_RUNS`` off; a GPU's merged groups pad likewise)."""
+    from engine.models import llama
+
+    monkeypatch.setattr(llama, "EXACT_SHORT_RUNS", False)
 
 
 @pytest.mark.parametrize("runs", [[3, 3, 3], [3, 2, 4]])
-def test_short_runs_fold_query_heads_per_kv_head_and_attend_as_each_head_alone(runs):
+def test_short_runs_fold_query_heads_per_kv_head_and_attend_as_each_head_alone(runs, one_short_group):
     """On a CPU a short run's query heads attend folded by kv head (one call per kv head, a mask per pass); each
     query head still sees exactly its kv head's keys, under its own causal mask, padded queries or not."""
     from engine.models.llama import Attention, LlamaArgs, build_attention_metadata
@@ -166,17 +172,20 @@ def test_short_runs_fold_query_heads_per_kv_head_and_attend_as_each_head_alone(r
             row += 1
 
 
-def test_short_runs_may_attend_one_group_per_length(monkeypatch):
-    """``EXACT_SHORT_RUNS`` (a CPU's option): no short run is padded to another's length."""
+def test_short_runs_attend_one_group_per_length(monkeypatch):
+    """On a CPU (``EXACT_SHORT_RUNS``) no short run is padded to another's length: a step then costs what the cost
+    model, linear in fed tokens, predicts. Merged (a GPU's groups) or with the rule off, one group pads them all."""
     from engine.models import llama
 
-    monkeypatch.setattr(llama, "EXACT_SHORT_RUNS", True)
     contexts = [torch.arange(10), torch.arange(20, 27), torch.arange(40, 52), torch.arange(60, 66)]
     groups = llama.build_attention_metadata(contexts, [2, 3, 4, 3], CPU).groups
     assert [(g.batch_size, g.max_new, g.uniform) for g in groups] == [(1, 2, True), (2, 3, True), (1, 4, True)]
     assert [g.token_index.tolist() for g in groups] == [[0, 1], [2, 3, 4, 9, 10, 11], [5, 6, 7, 8]]
     (only,) = llama.build_attention_metadata(contexts, [2, 3, 4, 3], CPU, merge_decodes=True).groups
     assert only.max_new == 4 and not only.uniform
+    monkeypatch.setattr(llama, "EXACT_SHORT_RUNS", False)
+    (only,) = llama.build_attention_metadata(contexts, [2, 3, 4, 3], CPU).groups
+    assert only.token_index is None and only.max_new == 4 and not only.uniform
 
 
 def test_merged_decodes_attend_with_short_runs_only():
@@ -194,7 +203,7 @@ def test_merged_decodes_attend_with_short_runs_only():
     assert decodes.max_new == 1 and decodes.uniform
 
 
-def test_verification_attends_apart_from_prefill_chunks():
+def test_verification_attends_apart_from_prefill_chunks(one_short_group):
     """Padding verifying requests to a prefill chunk's length beside them made shared steps 50% slower."""
     from engine.models.llama import SHORT_RUN, build_attention_metadata
 
@@ -207,7 +216,7 @@ def test_verification_attends_apart_from_prefill_chunks():
     assert (prefills.batch_size, prefills.max_new, prefills.token_index.tolist()) == (1, long, list(range(1, 1 + long)))
 
 
-def test_a_short_prompt_does_not_pad_verification():
+def test_a_short_prompt_does_not_pad_verification(one_short_group):
     """Any run longer than the longest verification is a prefill chunk and attends apart, however short: 32 requests
     verifying k = 2 padded to a 28-token prompt's length beside them made the target's pass 1.5x slower."""
     from engine.models.llama import SHORT_RUN, build_attention_metadata
@@ -221,7 +230,7 @@ def test_a_short_prompt_does_not_pad_verification():
     assert (prompts.batch_size, prompts.max_new, prompts.token_index.tolist()) == (1, 24, list(range(6, 30)))
 
 
-def test_a_prompt_shorter_than_short_run_pads_no_verification():
+def test_a_prompt_shorter_than_short_run_pads_no_verification(one_short_group):
     """Told which runs are verifications (scored at every token), a prompt over twice as long as all of them attends
     apart even under SHORT_RUN; without verifications, or merging groups (a GPU), short runs keep one group."""
     from engine.models.llama import build_attention_metadata
