@@ -14,7 +14,8 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
 - A trial from 17 requests on (`TRIAL_BUCKET`, policies/guard_trial.py): there a figure over its bar is taken up
   only once windows of plain steps and of steps that may speculate, in turns, side by side, read speculation
   1 + ``TRIAL_GAIN`` times as fast; paired plain figures strayed by up to 10% for whole runs there. A lost trial is
-  a rejection like any.
+  a rejection like any. From 9 requests on (`REJECTION_TRIAL_BUCKET`), a figure that reads a loss rejects only on a
+  trial too: there a 12-step figure can read 0.7-0.9x plain decode where sustained speculation wins by 10%.
 - Enough steps: no verdict before ``MIN_SPECULATIVE_SAMPLES`` speculative steps; a near miss (from
   ``NEAR_MISS``) rejects only on ``SURE_SAMPLES``.
 - Like with like: speculation is compared with plain decode at its own mix of batch sizes, each of its
@@ -46,8 +47,8 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
 
 Known weaknesses: at 17-32 requests, where speculation about breaks even, a win once taken up on its trial is held
 down to break-even by its paired figure, whose plain side can be off for many steps; and each trial where speculation
-loses costs about half its steps' loss. At 9-16 requests the other way: a re-measurement can read a loss where
-sustained speculation wins, and the rejection stands.
+loses costs about half its steps' loss. At 9-16 requests a trial's windows make the draft model catch up on every
+speculative window's requests, a cost sustained speculation does not pay, so a trial there is biased against it.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ from policies.guard_figures import (
     mix_rate,
     rate_over_plain,
 )
-from policies.guard_trial import TRIAL_BUCKET, Trial
+from policies.guard_trial import REJECTION_TRIAL_BUCKET, TRIAL_BUCKET, Trial
 
 MIN_SAMPLES = 3  # plain steps in a bucket before their rate counts
 MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate is still unknown
@@ -119,7 +120,7 @@ class GoodputGuard:
         self._plain_at: dict[int, float] = {}  # per batch-size bucket: the clock at its latest plain sample
         self._pace_checks: dict[int, PaceCheck] = {}  # per batch-size bucket: its plain figures restarting (stale)
         self._joining_at: dict[int, float] = {}  # per batch-size bucket: the clock at its latest joining-cost sample
-        # the step a take-up's trial routed: (its figure's key, whether it was the speculative arm's)
+        # the step a trial routed: (its figure's key, whether it was the speculative arm's)
         self._trial_step: tuple[tuple[int, int, str], bool] | None = None
 
     def observe(self, timing: StepTiming, temperature: float = 0.0) -> None:
@@ -290,13 +291,13 @@ class GoodputGuard:
         return NGRAM_ONLY if ngram == "speculate" else NO_PROPOSERS
 
     def probing(self, batch_size: int, temperature: float) -> bool:
-        """Whether a probe burst of rejected speculation, or a take-up's trial, is under way at this batch size and
+        """Whether a probe burst of rejected speculation, or a trial, is under way at this batch size and
         temperature (the policy then plans every step, not a sample of them)."""
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
         return any(self._burst_left.get((*key, route), 0) > 0 or self._on_trial((*key, route)) for route in PROPOSERS)
 
     def _on_trial(self, key: tuple[int, int, str]) -> bool:
-        """Whether a take-up's trial is under way at ``key``."""
+        """Whether a trial is under way at ``key``."""
         spec = self._speculative.get(key)
         return spec is not None and spec.trial is not None and not spec.trial.done and not spec.winning
 
@@ -364,8 +365,8 @@ class GoodputGuard:
         route), the route's verdict from `_judge`); ``probe_lands``: see `_plain_probe`."""
         verdict, ratio = self._judge(*key)
         spec = self._speculative.get(key)
-        if verdict == "speculate" and spec is not None and not spec.winning and key[0] >= TRIAL_BUCKET:
-            trial = spec.trial = spec.trial or Trial()  # a take-up here is tried first (policies/guard_trial.py)
+        if spec is not None and not spec.winning and _tried_first(key[0], spec, verdict):
+            trial = spec.trial = spec.trial or Trial()  # policies/guard_trial.py
             if not trial.done:
                 if not measured:
                     return "rejected", verdict
@@ -454,7 +455,7 @@ class GoodputGuard:
             return "measure plain", None
         regime_shift = bool(spec.plain_reference) and abs(plain_rate / spec.plain_reference - 1.0) > REGIME_SHIFT
         trial = spec.trial
-        if trial is not None and not spec.winning:  # a take-up's trial
+        if trial is not None and not spec.winning:  # a trial (of a take-up or a rejection)
             if not trial.done:  # under way: its windows route the steps, and its ratio is no bar yet (`_bar`)
                 return "speculate", None
             ratio = trial.ratio
@@ -571,6 +572,16 @@ class GoodputGuard:
                                  "steps": sum(arm.samples for arm in plain)}
             out.append({"batch_sizes": bucket_sizes(bucket), "plain": plain_summary, "speculative": speculative})
         return out
+
+
+def _tried_first(bucket: int, spec: Figure, verdict: str | None) -> bool:
+    """Whether the route's steps go to a trial's windows: one is under way, or a figure's verdict here waits for one
+    (a take-up from ``TRIAL_BUCKET`` on, a rejection from ``REJECTION_TRIAL_BUCKET`` on; a lost trial's rejection
+    stands)."""
+    if spec.trial is not None:
+        return not spec.trial.done
+    return ((verdict == "speculate" and bucket >= TRIAL_BUCKET)
+            or (verdict == "decode plainly" and bucket >= REJECTION_TRIAL_BUCKET))
 
 
 def _probe_scale(vs_plain: float | None, catch_up: float = 0.0, winning: bool = False,

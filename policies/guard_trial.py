@@ -1,4 +1,4 @@
-"""A take-up's trial: speculation against plain decode in alternating windows of steps, side by side.
+"""A trial: speculation against plain decode in alternating windows of steps, side by side.
 
 From 17 requests on, speculation about breaks even on a CPU, and a figure's verdict rests on the plain step each
 speculative step is paired with. Those plain figures are few and go stale: at 32 clients they strayed from a lockstep
@@ -6,6 +6,9 @@ speculative step is paired with. Those plain figures are few and go stale: at 32
 A trial needs no pairing: before a figure over its bar is taken up there, the guard alternates windows of
 ``TRIAL_WINDOW`` plain steps and ``TRIAL_WINDOW`` steps where speculation may run, over the same stretch of traffic
 at the same pace of the host, each step counted whole (the draft model's catch-ups are the speculative arm's).
+From 9 requests on, a figure that reads a loss is tried the same way before it rejects speculation: a false rejection
+stands for long (its probes come the rarer the more it lost), and a trial where speculation does lose costs about half
+its speculative steps' loss, once per measurement that rejects.
 
 Prompts that join steps are most of a step's seconds at 32 code clients, and how many join a window is luck: so the
 trial fits each arm's step seconds at no prompt tokens, with a slope per prompt token shared by both arms
@@ -18,6 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 TRIAL_BUCKET = 5  # from this batch-size bucket (17-32 requests) on, speculation is taken up only on a trial
+# from this bucket (9-16 requests) on, a figure that reads a loss rejects speculation only on a trial too: there a
+# 12-step figure read 0.71x plain decode where sustained fixed draft k = 2 ran 1.10x `off`, and 0.88x where it ran
+# 1.12x (s71, 16 prose clients T = 0, 32 code clients T = 1), and the rejections stood for the rest of the runs
+REJECTION_TRIAL_BUCKET = 4
 TRIAL_WINDOW = 4  # steps in a row per arm: the draft model catches up once a window, not once a step
 TRIAL_STEPS = 32  # measured steps per arm before the trial's verdict
 TRIAL_GAIN = 0.025  # speculation's arm must beat the plain one by this much: a trial's ratio is noisy too

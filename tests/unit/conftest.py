@@ -13,3 +13,10 @@ from policies import AdaptivePolicy, CostModel
 def policy_work_takes_no_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(AdaptivePolicy, "clock", staticmethod(lambda: 0.0))
     monkeypatch.setattr(CostModel, "clock", staticmethod(lambda: 0.0))
+
+
+@pytest.fixture
+def without_trials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests of the guard's other rules from 9 requests on: there a trial would route the steps first."""
+    monkeypatch.setattr("policies.guard.TRIAL_BUCKET", 99)
+    monkeypatch.setattr("policies.guard.REJECTION_TRIAL_BUCKET", 99)

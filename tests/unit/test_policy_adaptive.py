@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 import time
 
+import pytest
+
 from policies import (
     AdaptivePolicy,
     BatchView,
@@ -142,6 +144,7 @@ def test_every_step_of_a_probe_burst_is_planned() -> None:
         assert policy.guard.probing(8, 0.0)
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_probe_burst_the_model_declines_ends_at_once() -> None:
     """Where the model predicts speculation far below plain decode (64 requests on a compute-bound target) and
     the guard has no win to show, a probe burst would plan every one of its steps and measure nothing: it ends in

@@ -48,12 +48,6 @@ def step(batch: int, speculative: bool, tokens: int, seconds: float, route: str 
     return StepTiming(batch, fed, seconds, num_draft_tokens=drafted, step_seconds=seconds, num_generated=tokens)
 
 
-@pytest.fixture
-def without_trials(monkeypatch: pytest.MonkeyPatch) -> None:
-    """For tests of other rules at 17-32 requests: there a take-up's trial would route the steps first."""
-    monkeypatch.setattr("policies.guard.TRIAL_BUCKET", 99)
-
-
 def allowed_fraction(guard: GoodputGuard, batch: int, probe_rate: float, temperature: float = 0.0,
                      proposer: str = "draft", speculative: StepTiming | None = None,
                      plain: StepTiming | None = None) -> float:
@@ -108,6 +102,7 @@ def test_speculation_is_allowed_until_both_arms_are_measured() -> None:
 # catch-up and PROBE_BURST measured steps, and where they measure a near miss, SURE_SAMPLES measured steps.
 # The rejection these steps settled is not a probe's: it is probed at MAX_PROBE_BOOST x 5% until a probe
 # confirms it, a burst or two of the 4000 draws.
+@pytest.mark.usefixtures("without_trials")
 @pytest.mark.parametrize(("spec_tokens", "probe_rate", "burst", "tolerance"), [
     (30, None, 0, 0.01), (22.8, 0.05, SURE + 1, 0.03), (12, 0.05 * 0.1 / 0.55, PROBE_BURST + 1, 0.01),
     (24, 0.1, SURE + 1, 0.05), (24.72, 0.05 * MAX_PROBE_BOOST, SURE + 1, 0.06)])
@@ -175,6 +170,47 @@ def test_from_17_requests_a_take_up_waits_for_a_trial_of_plain_and_speculative_w
     row = next(row for row in guard.summary() if row["batch_sizes"] == [17, 32])
     assert row["speculative"]["draft"]["T=0"]["trial"] == {"vs_plain": pytest.approx(spec_tokens / 32),
                                                            "steps": [TRIAL_STEPS, TRIAL_STEPS]}
+
+
+@pytest.mark.parametrize(("batch", "spec_tokens", "taken_up"), [(16, 18, True), (16, 14, False), (32, 36, True)])
+def test_from_9_requests_a_figure_that_reads_a_loss_rejects_only_on_a_trial(
+        batch: int, spec_tokens: float, taken_up: bool) -> None:
+    """A 12-step figure read 0.71x plain decode where sustained speculation ran 1.10x `off`, and the rejection stood
+    for runs: there the arms run in turns before speculation is rejected, and a trial it wins takes it up."""
+    guard = GoodputGuard()
+    rng = random.Random(0)
+    for _ in range(SAMPLES):
+        guard.observe(step(batch, False, batch, 0.010))
+        guard.observe(step(batch, True, batch * 0.7, 0.010))  # the figure reads a 30% loss
+    arms = run_trial(guard, batch, step(batch, True, spec_tokens, 0.010), step(batch, False, batch, 0.010))
+    assert arms == [i // TRIAL_WINDOW % 2 == 1 for i in range(2 * TRIAL_STEPS)]
+    verdicts = ["draft" in guard.allowed_proposers(batch, 0.0, rng, 0.0) for _ in range(50)]
+    assert verdicts == [taken_up] * 50
+    for _ in range(SAMPLES):  # a figure below 9 requests still rejects alone
+        guard.observe(step(8, False, 8, 0.010))
+        guard.observe(step(8, True, 5.6, 0.010))
+    assert not any("draft" in guard.allowed_proposers(8, 0.0, rng, 0.0) for _ in range(50))
+
+
+def test_a_lost_trial_stands_until_a_probe_measures_speculation_again() -> None:
+    """A trial's rejection is not tried again: only a probe burst's new figure, where it reads a loss, starts the
+    next."""
+    guard = GoodputGuard()
+    rng = random.Random(0)
+    key = (batch_bucket(16), 0, "draft")
+    losing, plain = step(16, True, 11.2, 0.010), step(16, False, 16, 0.010)
+    for _ in range(SAMPLES):
+        guard.observe(plain)
+        guard.observe(losing)
+    run_trial(guard, 16, losing, plain)
+    tried = guard._speculative[key]
+    assert tried.trial.done and not tried.trial.won
+    assert not any("draft" in guard.allowed_proposers(16, 0.0, rng, 0.0) for _ in range(200))  # no probes at rate 0
+    while guard._speculative[key] is tried:  # probes at every chance: a burst measures speculation afresh
+        guard.observe(losing if "draft" in guard.allowed_proposers(16, 0.0, rng, 1.0) else plain)
+    assert guard._speculative[key].trial is None
+    guard.allowed_proposers(16, 0.0, rng, 0.0)
+    assert guard.probing(16, 0.0) and not guard._speculative[key].trial.done  # its loss is tried in turn
 
 
 def test_a_trial_gives_both_arms_the_same_prompt_cost_per_decoded_token() -> None:
@@ -345,6 +381,7 @@ def test_steps_the_guard_leaves_out_speculate_only_on_a_winning_verdict_and_neve
     assert not guard.allowed_proposers(1, 0.0, rng, 1.0, measured=False)  # untried: nothing to learn there
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_unmeasured_plain_decode_is_judged_by_the_cost_model() -> None:
     """A batch size plain decode never ran at (requests desynchronised by speculation finishing one by one)
     compares speculation with the predicted plain rate instead of speculating at 1 - MEASURE_PLAIN_RATE."""
@@ -364,6 +401,7 @@ def test_unmeasured_plain_decode_is_judged_by_the_cost_model() -> None:
     assert plain_start_fraction(guard, 16, 0.0) == pytest.approx(MEASURE_PLAIN_RATE, abs=0.02)  # speculation wins
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_guard_rescues_a_cost_model_blind_to_part_of_the_step() -> None:
     """Host time per drafted token outside the timed passes, which the cost model never sees: without the
     guard the adaptive policy speculates at a loss; with it, it stays near plain decode."""
@@ -452,6 +490,7 @@ def test_a_rejection_no_probe_confirmed_is_probed_soon() -> None:
     assert waits[1] > waits[0]
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_draft_probe_is_charged_what_its_burst_lost_catch_up_included() -> None:
     """A draft-route burst first makes the draft model catch up on what its requests decoded plainly, and each of
     its steps here emits 12 tokens in 1.5 plain steps' time (0.75 plain steps lost). Measured whole, a burst of
@@ -477,6 +516,7 @@ def test_a_draft_probe_is_charged_what_its_burst_lost_catch_up_included() -> Non
     assert dear / cheap == pytest.approx(10.35 / 16.95, abs=0.1)
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_probe_burst_is_measured_whole_against_plain_decode() -> None:
     """Every step of a burst counts against plain decode, in plain steps lost (seconds over a plain step's, less
     tokens over the batch's): its catch-up, the speculative steps it measures, and a plain step in between
@@ -589,6 +629,7 @@ def test_from_9_requests_the_draft_route_must_beat_n_gram_lookups_alone_where_th
     assert guard._judge(batch_bucket(32), 0, "draft")[1] == pytest.approx(1.1875)
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_an_untried_draft_route_does_not_let_the_plan_run_a_rejected_n_gram_route() -> None:
     """Where the plan has not used the draft model yet, the steps it makes n-gram-only are n-gram route steps:
     if that route lost here, only the draft model may propose (in the sweep, 40% of the steps at 17-32
@@ -831,6 +872,7 @@ def test_speculation_is_compared_with_plain_decode_at_its_own_batch_sizes() -> N
     assert row["speculative"]["draft"]["T=0"]["vs_plain"] == pytest.approx(567 / 571, rel=0.01)
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_unmeasured_batch_sizes_take_the_cost_model_corrected_by_measured_ones() -> None:
     """Plain measured only at 9, 20% slower than the model predicts: at 16 the model's time is taken 20% slower."""
     guard = GoodputGuard(plain_estimate=plain_seconds)
