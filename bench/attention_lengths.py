@@ -14,6 +14,10 @@ Measured on a Zen 3 VM (1 thread, 2026-12-02, ``attention_lengths_c32.json``,
 ``attention_lengths_mixed.json``, 3 runs a cell): per length / one group, ``off`` 0.999-1.02x, fixed draft k = 2
 1.00-1.02x, adaptive 1.02x (code T = 0, 32), 0.938x (prose T = 0.7, 32), 1.04x (prose T = 0, 16), 0.926x (code
 T = 1, 32). Single passes of mixed k at 16-32 requests took 0.85-0.91x the time (bench/attention_groups.py).
+On a Zen 4 VM (2026-12-02, ``attention_lengths_zen4_a.json``, ``_b.json``, ``--policies off,adaptive``, 6 runs a cell):
+``off`` 0.997-1.003x, adaptive 1.03x (code T = 0, 32), 1.00x (prose T = 0, 16), 1.02x (prose T = 0.7, 32), 0.991x
+(code T = 1, 32). There, in a policy sweep cell (code T = 0, 32 clients), adaptive's speculative steps at 17-32
+requests took 1.09-1.12x what its cost model predicted in one group, 0.98-0.99x per length, which is now the default.
 """
 
 from __future__ import annotations
