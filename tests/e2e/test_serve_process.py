@@ -100,7 +100,11 @@ def test_drain_timeout_cuts_long_streams(tmp_path: Path) -> None:
         assert process.wait(timeout=10) == 0
         assert time.monotonic() - began < 8  # 0.5 s drain, then uvicorn's own shutdown
         thread.join(timeout=5)
-        assert "[DONE]" not in lines and lines[-1] == "<cut>"
+        assert not thread.is_alive() and "[DONE]" not in lines
+        # how the cut reaches the client is uvicorn's: a dropped connection (``<cut>``) or, from uvicorn 0.55, the
+        # stream's body ended early; either way no [DONE] and no finish_reason
+        if lines[-1] != "<cut>":
+            assert all(choice["finish_reason"] is None for line in lines for choice in json.loads(line)["choices"])
     finally:
         if process.poll() is None:
             process.kill()
