@@ -118,6 +118,7 @@ class JobRunner:
         )
 
     async def start(self) -> None:
+        self.state.open_runners.add(self)
         await self.state.store.save(self.record)
         for choice in self.job.choices:
             choice.span = start_engine_span(
@@ -135,6 +136,10 @@ class JobRunner:
             self._queue.put_nowait((choice, exc))
         finally:
             self._queue.put_nowait((choice, _DONE))
+
+    def interrupt(self, error: Exception) -> None:
+        """Make the next ``next_output`` raise ``error`` (the server is stopping); ``close`` then aborts the rest."""
+        self._queue.put_nowait((self.job.choices[0], error))
 
     async def next_output(self, timeout: float | None = None) -> tuple[Choice, RequestOutput] | None:
         """The next output of any choice, None once all are done; re-raises an engine error.
@@ -197,6 +202,7 @@ class JobRunner:
         await asyncio.shield(self._closing)
 
     async def _finalize(self, error: BaseException | None) -> None:
+        self.state.open_runners.discard(self)
         unfinished = [c for c in self.job.choices if c.finish_reason is None]
         for choice in unfinished:
             try:

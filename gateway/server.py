@@ -17,15 +17,16 @@ from gateway.state import GatewayState
 logger = logging.getLogger(__name__)
 
 POST_DRAIN_GRACE_S = 5  # uvicorn's own graceful shutdown, after our drain
+CUT_GRACE_S = 1.0  # after the drain timeout, how long cut requests get to send their error
 
 
 class DrainingServer(uvicorn.Server):
     """A ``uvicorn.Server`` whose first SIGTERM/SIGINT drains before stopping.
 
     The drain sets ``state.draining`` at once (/ready -> 503, new requests -> 503 + Retry-After),
-    gives in-flight requests up to ``settings.drain_timeout_s`` to finish, then lets uvicorn stop
-    as usual (streams still open are then cancelled, which aborts their engine requests). A second
-    signal stops at once. The signal is not re-raised afterwards, so the process exits 0.
+    gives in-flight requests up to ``settings.drain_timeout_s`` to finish, then ends those still open
+    with a ``server_shutdown`` error (a 503, or an SSE error event mid-stream; their engine requests are
+    aborted) and lets uvicorn stop as usual. A second signal stops at once. The signal is not re-raised afterwards, so the process exits 0.
     """
 
     def __init__(self, config: uvicorn.Config, state: GatewayState) -> None:
@@ -63,7 +64,9 @@ class DrainingServer(uvicorn.Server):
         timeout = self.state.settings.drain_timeout_s
         logger.info("draining: %d request(s) in flight, up to %.0f s", self.state.num_in_flight, timeout)
         if not await self.state.wait_idle(timeout):
-            logger.warning("drain timeout: stopping with %d request(s) in flight", self.state.num_in_flight)
+            num_cut = self.state.cut_open_requests()
+            logger.warning("drain timeout: ending %d request(s) with a server_shutdown error", num_cut)
+            await self.state.wait_idle(CUT_GRACE_S)
         self.should_exit = True
 
     async def _announce_when_loaded(self) -> None:

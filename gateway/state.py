@@ -25,6 +25,7 @@ from gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
     from gateway.admin import PolicyBroker
+    from gateway.runner import JobRunner
 
 VERSION = "0.1.0"
 DRAIN_RETRY_AFTER_S = 10
@@ -51,6 +52,7 @@ class GatewayState:
     load_error: str | None = None
     load_steps: list[str] = field(default_factory=list)  # progress reported by the engine while loading
     num_in_flight: int = 0  # generation requests between arrival and their last byte
+    open_runners: set[JobRunner] = field(default_factory=set)  # started and not yet closed
 
     @property
     def tracer(self) -> Tracer:
@@ -77,6 +79,16 @@ class GatewayState:
 
     def begin_drain(self) -> None:
         self.draining = True
+
+    def cut_open_requests(self) -> int:
+        """End every open request with a 503 ``server_shutdown`` error (an SSE error event mid-stream), so that a
+        stream a drain could not wait for tells its client why it ended instead of just breaking off."""
+        error = ServiceUnavailableError("The server shut down before this request finished; retry it.",
+                                        code="server_shutdown", retry_after=DRAIN_RETRY_AFTER_S)
+        runners = list(self.open_runners)
+        for runner in runners:
+            runner.interrupt(error)
+        return len(runners)
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no generation request is in flight; False if ``timeout_s`` ran out first."""
