@@ -26,7 +26,8 @@ class DrainingServer(uvicorn.Server):
     The drain sets ``state.draining`` at once (/ready -> 503, new requests -> 503 + Retry-After),
     gives in-flight requests up to ``settings.drain_timeout_s`` to finish, then ends those still open
     with a ``server_shutdown`` error (a 503, or an SSE error event mid-stream; their engine requests are
-    aborted) and lets uvicorn stop as usual. A second signal stops at once. The signal is not re-raised afterwards, so the process exits 0.
+    aborted) and lets uvicorn stop as usual. A second signal stops at once. The signal is not re-raised
+    afterwards, so the process exits 0.
     """
 
     def __init__(self, config: uvicorn.Config, state: GatewayState) -> None:

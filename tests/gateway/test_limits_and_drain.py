@@ -60,6 +60,32 @@ async def test_drain_refuses_new_requests_and_lets_streams_finish() -> None:
     assert engine.kv_used_slots == 0
 
 
+@pytest.mark.parametrize("stream", [True, False])
+async def test_cutting_open_requests_ends_them_with_a_shutdown_error(stream: bool) -> None:
+    engine = FakeEngine(token_delay_s=0.01)
+    app = create_app(GatewaySettings(), engine)
+    state = app.state.gateway
+    async with open_client(app) as client:
+        request = asyncio.create_task(
+            client.post("/v1/completions", json=completion_body("a b c d", max_tokens=200, stream=stream))
+        )
+        for _ in range(200):
+            if engine.num_running:
+                break
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        state.begin_drain()
+        assert state.cut_open_requests() == 1
+        response = await request
+        if stream:
+            events = sse_payloads(response.text)
+            assert "[DONE]" not in events and events[-1]["error"]["code"] == "server_shutdown"
+        else:
+            assert response.status_code == 503 and response.json()["error"]["code"] == "server_shutdown"
+        assert await state.wait_idle(1.0) and not state.open_runners
+    assert engine.kv_used_slots == 0 and engine.num_running == 0
+
+
 async def test_wait_idle_times_out() -> None:
     app = create_app(GatewaySettings(), FakeEngine())
     state = app.state.gateway
