@@ -47,8 +47,9 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
 
 Known weaknesses: at 17-32 requests, where speculation about breaks even, a win once taken up on its trial is held
 down to break-even by its paired figure, whose plain side can be off for many steps; and each trial where speculation
-loses costs about half its steps' loss. At 9-16 requests a trial's windows make the draft model catch up on every
-speculative window's requests, a cost sustained speculation does not pay, so a trial there is biased against it.
+loses costs about half its steps' loss. A trial's windows make the draft model catch up on what each plain window
+decoded, a cost sustained speculation does not pay: the cost model's price of it is taken off (~1% of the speculative
+arm's seconds at 16-32 code requests), so a trial is as right as that price.
 """
 
 from __future__ import annotations
@@ -100,11 +101,14 @@ class GoodputGuard:
     bucket, temperature bucket (acceptance, so what speculation yields, changes with T; plain decode
     costs the same at any T) and route (draft model or n-gram lookups only)."""
 
-    def __init__(self, plain_estimate: PlainEstimate | None = None) -> None:
+    def __init__(self, plain_estimate: PlainEstimate | None = None,
+                 catch_up_token_seconds: Callable[[], float] = lambda: 0.0) -> None:
         """``plain_estimate``: a plain-decode step's seconds per batch size as the cost model predicts them, the
-        stand-in for batch sizes whose plain steps are not measured yet (`LearnedState` wires in its cost model)."""
+        stand-in for batch sizes whose plain steps are not measured yet; ``catch_up_token_seconds``: the cost model's
+        price of a token the draft model catches up on, for trials (`LearnedState` wires in its cost model)."""
         self._plain_memo: dict[int, tuple[Callable[[int], float | None], bool]] = {}  # see `_plain_seconds`
         self.plain_estimate = plain_estimate
+        self.catch_up_token_seconds = catch_up_token_seconds  # the price of a token the draft model catches up on
         self._plain: dict[int, dict[int, Figure]] = {}  # per batch-size bucket, per batch size
         # per batch-size bucket: what prompts joining plain steps added to them, beyond a plain step of the batch size
         self._joining: dict[int, JoiningCost] = {}
@@ -199,7 +203,8 @@ class GoodputGuard:
         trial = spec.trial if spec is not None else None
         if trial is not None and not trial.done and batch_bucket(timing.batch_size) == key[0]:
             trial.add(speculative_arm, timing.num_prefill_tokens, timing.step_seconds,
-                      max(0, timing.num_generated - timing.num_prefilling))  # less the joining requests' first tokens
+                      max(0, timing.num_generated - timing.num_prefilling),  # less the joining requests' first tokens
+                      timing.num_draft_catch_up_tokens, self.catch_up_token_seconds())
             if trial.done and not trial.won:
                 spec.probed = True  # the trial measured it afresh: its rejection is probed at the usual rate
 

@@ -27,6 +27,11 @@ class LearnedState:
     def __post_init__(self) -> None:
         if self.guard.plain_estimate is None:
             self.guard.plain_estimate = self.predicted_plain_seconds
+            self.guard.catch_up_token_seconds = self.predicted_catch_up_token_seconds
+
+    def predicted_catch_up_token_seconds(self) -> float:
+        """What a token the draft model catches up on costs, as the cost model prices it."""
+        return self.cost_model.coefficients().h
 
     def predicted_plain_seconds(self, batch_size: int) -> float:
         """A plain-decode step's seconds at ``batch_size``, as the cost model predicts them."""

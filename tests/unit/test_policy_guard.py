@@ -213,6 +213,24 @@ def test_a_lost_trial_stands_until_a_probe_measures_speculation_again() -> None:
     assert guard.probing(16, 0.0) and not guard._speculative[key].trial.done  # its loss is tried in turn
 
 
+def test_a_trial_takes_the_draft_models_catch_up_on_the_plain_window_off_its_switch() -> None:
+    """A speculative window's first drafting step feeds the draft model what the plain window decoded, which neither
+    sustained speculation nor plain decode pays: its price comes off. The draft model's prefill of a prompt that
+    joined meanwhile is sustained speculation's cost too, and stays."""
+    trial = Trial()
+    price = 1e-4  # seconds per token the draft model catches up on
+    while not trial.done:
+        if not trial.speculates:
+            trial.add(False, 0, 0.010, 16)
+        elif trial.lag:  # the switch: 64 tokens of lag and a 100-token prompt to catch up on
+            trial.add(True, 0, 0.015 + 164 * price, 26, catch_up_tokens=164, catch_up_token_seconds=price)
+        else:
+            trial.add(True, 0, 0.015, 26)
+    switches = TRIAL_STEPS // TRIAL_WINDOW
+    spec_seconds = TRIAL_STEPS * 0.015 + switches * 100 * price
+    assert trial.ratio == pytest.approx((0.010 / 16) / (spec_seconds / (26 * TRIAL_STEPS)))
+
+
 def test_a_trial_gives_both_arms_the_same_prompt_cost_per_decoded_token() -> None:
     """Which arm's steps prompts join is luck (they were 64% of a step's seconds at 32 code clients): a plain arm
     that drew every joining prompt must not read slow for it, nor a speculative one fast."""
