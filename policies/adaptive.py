@@ -17,10 +17,11 @@ Six corrections on top of the pure optimum:
   heavy load, where each would add whole draft passes to a large batch), or, for one request per step,
   whatever it costs while that proposer's acceptance at the temperature is unlearned;
 - k probes: with probability ``k_probe_rate`` a planned step that speculates drafts one token more than planned for
-  every speculating request (not sticky: the next plan starts from the plan's own k). The step-cost fit needs steps
-  of more than one k to tell what a fed token costs from what verifying at all costs (c from g, policies/cost_model.py):
-  while every step at about one batch size drafts k = 1, it cannot, and where it put the unknown share on c, k = 1
-  looked best for good (at 16 code requests, T = 0.7: 1.04x ``off`` in one process, 1.14x at k = 3 in another);
+  every speculating request, one fewer for one at its cap (not sticky: the next plan starts from the plan's own k).
+  The step-cost fit needs steps of more than one k to tell what a fed token costs from what verifying at all costs
+  (c from g, policies/cost_model.py): while every step at about one batch size drafts k = 1, it cannot, and where it
+  put the unknown share on c, k = 1 looked best for good (at 16 code requests, T = 0.7: 1.04x ``off`` in one process,
+  1.14x at k = 3 in another); at the cap, likewise, k = 8 (`policies.goodput.k_probe`);
 - plan sampling: where steps have decoded plainly ``PLAIN_STREAK`` times in a row at a batch-size and
   temperature bucket (by an all-plain plan or by the goodput guard's veto), the steps there decode plainly
   unplanned, but for a fraction ``REPLAN_RATE`` whose plan checks again (and exploration draws with it); a
@@ -77,7 +78,7 @@ from policies.acceptance import temperature_bucket
 from policies.base import BatchView, Decision, ProposerName, RequestView, StepTiming
 from policies.cost_model import CostCoefficients
 from policies.fixed import PLAIN, fixed_decision
-from policies.goodput import BatchPlan, Candidate, best_alone, lengthened, plan_batch, with_probe
+from policies.goodput import BatchPlan, Candidate, best_alone, k_probe, plan_batch, with_probe
 from policies.guard import ALL_PROPOSERS
 from policies.guard_figures import batch_bucket, measures_step
 from policies.learning import LearnedState, LearningPolicy
@@ -167,7 +168,7 @@ class AdaptivePolicy(LearningPolicy):
         self._plain_streak[regime] = 0 if speculates else streak + 1  # nor do they end streaks
         chosen = plan
         if speculates and self.settings.k_probe_rate > 0.0 and self._rng.random() < self.settings.k_probe_rate:
-            plan = lengthened(plan, candidates, coeffs)
+            plan = k_probe(plan, candidates, coeffs)
             self.num_k_probes += 1
         plan = self.last_plan = self._explore(plan, candidates, coeffs, requests)
         self._hold(made_for, chosen, requests, candidates, coeffs, self.clock() - start)

@@ -428,20 +428,25 @@ def with_probe(
     )
 
 
-def lengthened(plan: BatchPlan, candidates: Sequence[Candidate], coeffs: CostCoefficients) -> BatchPlan:
-    """The plan with every speculating request drafting one token more with its proposer, within that proposer's
-    cap (a k probe, see policies/adaptive.py)."""
+def k_probe(plan: BatchPlan, candidates: Sequence[Candidate], coeffs: CostCoefficients) -> BatchPlan:
+    """The plan with every speculating request drafting one token more with its proposer, or one fewer where it is
+    at that proposer's cap (a k probe, see policies/adaptive.py).
+
+    One fewer at the cap: steps that all draft one k cannot tell what a fed token costs, and a plan at the cap had no
+    other. At one prose client, T = 1, the plan drafted k = 7-8 (the cap 8) in most steps, its fit putting 0-72 us on
+    a fed token, while fixed draft k = 4 -> 6 cost 1.5-2.2 ms a step per token more (a draft pass ~1 ms of it), and
+    ran 0.90x fixed draft k = 4 (s73_low_prose)."""
     ks, tokens, passes, users, catch_up = list(plan.ks), plan.expected_tokens, 0, 0, 0.0
     for i, (k, proposer, c) in enumerate(zip(plan.ks, plan.proposers, candidates, strict=True)):
         if k == 0:
             continue
         alpha, cap, lead = ((c.alpha_draft, c.max_k_draft, c.lead_draft) if proposer == DRAFT
                             else (c.alpha_ngram, c.max_k_ngram, c.lead_ngram))
-        longer = ks[i] = min(k + 1, cap)  # a plan's k is within its proposer's cap
-        tokens += expected_tokens(alpha, longer, lead) - expected_tokens(alpha, k, lead)
+        probed = ks[i] = k + 1 if k < cap else max(1, k - 1)  # a plan's k is within its proposer's cap
+        tokens += expected_tokens(alpha, probed, lead) - expected_tokens(alpha, k, lead)
         if proposer == DRAFT:
-            passes, users = max(passes, longer), users + 1
-            catch_up += c.draft_catch_up * expected_tokens(alpha, longer, lead)
+            passes, users = max(passes, probed), users + 1
+            catch_up += c.draft_catch_up * expected_tokens(alpha, probed, lead)
     num_tokens = plan.num_tokens + sum(ks) - sum(plan.ks)
     draft = DraftPlan(passes, users, catch_up) if users else None
     return replace(plan, ks=tuple(ks), expected_tokens=tokens, num_tokens=num_tokens, draft_passes=passes,

@@ -315,7 +315,8 @@ def test_an_exploration_probe_does_not_end_a_plain_streak() -> None:
 
 
 def test_a_k_probe_drafts_one_token_more_for_every_speculating_request_and_is_not_sticky() -> None:
-    """So the step-cost fit sees more than one k (policies/cost_model.py: c against g)."""
+    """So the step-cost fit sees more than one k (policies/cost_model.py: c against g); one at its cap drafts one
+    fewer."""
     requests = BatchView((view("a"), view("b", max_k=2), view("c", max_k=0)))
     policy = AdaptivePolicy(quiet(k_probe_rate=1.0))
     teach(policy, "a", accepted=1, drafted=4)
@@ -324,8 +325,8 @@ def test_a_k_probe_drafts_one_token_more_for_every_speculating_request_and_is_no
     k = planned[0].k
     assert 0 < k < 8 and planned[1:] == [Decision(2, "draft"), Decision(0)]
     probed = policy.decide(requests)
-    assert probed == [Decision(k + 1, "draft"), Decision(2, "draft"), Decision(0)]  # b at its cap, c plain
-    assert policy.last_plan.ks == (k + 1, 2, 0) and policy.last_plan.draft_passes == k + 1
+    assert probed == [Decision(k + 1, "draft"), Decision(1, "draft"), Decision(0)]  # b at its cap, c plain
+    assert policy.last_plan.ks == (k + 1, 1, 0) and policy.last_plan.draft_passes == k + 1
     assert policy.num_k_probes == 1
     policy.reconfigure(quiet())
     assert policy.decide(requests) == planned

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import Candidate, CostCoefficients, DraftPlan, expected_tokens, plan_batch
-from policies.goodput import best_alone, lengthened
+from policies.goodput import best_alone, k_probe
 
 COEFFS = CostCoefficients(a=8e-3, b=5e-5, c=2.5e-4, d=1.5e-3, e=2e-5)
 
@@ -97,15 +97,16 @@ def test_speculative_plan_is_the_best_in_which_every_request_drafts(candidates: 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(candidate, min_size=1, max_size=3), coefficients, st.integers(0, 20))
-def test_a_lengthened_plan_drafts_one_token_more_within_the_caps_and_is_priced_as_such(
+def test_a_k_probe_drafts_one_token_more_or_at_the_cap_one_fewer_and_is_priced_as_such(
         candidates: list[Candidate], coeffs: CostCoefficients, prefill: int) -> None:
     plan = plan_batch(candidates, coeffs, prefill, speculate=True)
-    longer = lengthened(plan, candidates, coeffs)
+    probed = k_probe(plan, candidates, coeffs)
     caps = [c.max_k_draft if proposer == "draft" else c.max_k_ngram for c, proposer in zip(candidates, plan.proposers)]
-    assert longer.ks == tuple(min(k + 1, cap) if k else 0 for k, cap in zip(plan.ks, caps, strict=True))
-    assert longer.proposers == plan.proposers
-    combo = tuple(zip(longer.ks, longer.proposers, strict=True))
-    assert longer.goodput == pytest.approx(objective(candidates, coeffs, prefill, 0.0, combo), rel=1e-9)
+    assert probed.ks == tuple((k + 1 if k < cap else max(1, k - 1)) if k else 0
+                              for k, cap in zip(plan.ks, caps, strict=True))
+    assert probed.proposers == plan.proposers
+    combo = tuple(zip(probed.ks, probed.proposers, strict=True))
+    assert probed.goodput == pytest.approx(objective(candidates, coeffs, prefill, 0.0, combo), rel=1e-9)
 
 
 def test_fixed_cost_of_speculating_favours_longer_drafts() -> None:
