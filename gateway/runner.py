@@ -118,8 +118,8 @@ class JobRunner:
         )
 
     async def start(self) -> None:
-        self.state.open_runners.add(self)
         await self.state.store.save(self.record)
+        self.state.open_runners.add(self)
         for choice in self.job.choices:
             choice.span = start_engine_span(
                 self.state.tracer, operation=self.job.operation, model=self.job.model, request_id=choice.request_id,
