@@ -117,6 +117,7 @@ class GoodputGuard:
         self._probes: dict[tuple[int, int, str], Figure] = {}  # the speculative steps of a probe, measured afresh
         self._catch_up: dict[int, float] = {}  # per batch-size bucket: a draft probe's catch-up, in plain steps extra
         self._burst_loss: dict[tuple[int, int, str], float] = {}  # what a probe burst cost, in plain steps (an EWMA)
+        self._trial_loss: dict[tuple[int, int, str], float] = {}  # ... and the lost trials it led to (an EWMA)
         self._plain_probe_left: dict[int, int] = {}  # per batch-size bucket: steps left of an unmeasured plain probe
         self._clock = 0.0  # seconds of every step observed: the pace drifts with time, not with steps
         self._bucket = -1  # the batch-size bucket of the latest step's load (decodes and joining requests) ...
@@ -207,6 +208,7 @@ class GoodputGuard:
                       timing.num_draft_catch_up_tokens, self.catch_up_token_seconds())
             if trial.done and not trial.won:
                 spec.probed = True  # the trial measured it afresh: its rejection is probed at the usual rate
+                average_in(self._trial_loss, key, trial.loss)  # a cost of the burst that led to it (`_probe_loss`)
 
     def _stale(self, sampled_at: dict[int, float], bucket: int) -> bool:
         """Whether a sample of the bucket now finds its figure stale (``sampled_at``: when each bucket's was last
@@ -396,7 +398,7 @@ class GoodputGuard:
             probe_rate *= MAX_PROBE_BOOST  # sustained speculation lost: a probe checks it soon
         elif verdict is not None:  # the closer the verdict, the more often the other arm is measured
             probe_rate *= _probe_scale(ratio, self._catch_up.get(key[0], 0.0) if key[2] == "draft" else 0.0,
-                                       burst_loss=self._burst_loss.get(key),
+                                       burst_loss=self._probe_loss(key),
                                        winning=verdict == "speculate")
         if verdict == "speculate":
             self._speculative[key].probed = False  # should it lose from here on, a probe checks that soon
@@ -427,6 +429,14 @@ class GoodputGuard:
         if left == 1 and key in self._probes:  # the burst ends before its probe measured enough: drop the probe
             self._end_probe(key)
         return ("speculate" if left > 0 else "rejected"), verdict
+
+    def _probe_loss(self, key: tuple[int, int, str]) -> float | None:
+        """What a probe burst of rejected speculation costs, in plain steps, as measured: the burst, and from 9
+        requests on the trial it leads to where the trial is lost (a burst's figure that reads a loss is tried
+        before it rejects; from 17 requests on one that reads a win too). A lost trial's speculative arm runs 32 steps
+        to a burst's 12 measured ones: there most of what a burst costs is the trial after it."""
+        burst = self._burst_loss.get(key)
+        return None if burst is None else burst + self._trial_loss.get(key, 0.0)
 
     def _plain_probe(self, bucket: int, rng: random.Random, rate: float, lands: bool = True) -> bool:
         """Whether this step decodes plainly to measure plain decode: at ``rate``, once the bucket's plain figures
@@ -568,6 +578,7 @@ class GoodputGuard:
                         "tokens_per_s": arm.rate, "steps": arm.samples,
                         "vs_plain": rate_over_plain(arm, plain_rate, plain_measured) if plain_rate else None,
                         "probe_burst_loss": self._burst_loss.get((b, t, route)),
+                        "trial_loss": self._trial_loss.get((b, t, route)),
                         "trial": None if arm.trial is None else {
                             "vs_plain": arm.trial.ratio, "steps": [side.steps for side in arm.trial.arms]}}
             plain_summary = None

@@ -114,5 +114,14 @@ class Trial:
         return per_token[0] / per_token[1]
 
     @property
+    def loss(self) -> float:
+        """What the speculative arm lost against the plain one, in plain steps (0 unless it read slower)."""
+        plain, spec = self.arms
+        ratio = self.ratio
+        if ratio is None or ratio >= 1.0 or not plain.seconds:
+            return 0.0
+        return spec.seconds / (plain.seconds / plain.steps) * (1.0 - ratio)
+
+    @property
     def won(self) -> bool:
         return self._final is not None and self._final >= 1.0 + TRIAL_GAIN  # set once done

@@ -213,6 +213,29 @@ def test_a_lost_trial_stands_until_a_probe_measures_speculation_again() -> None:
     assert guard.probing(16, 0.0) and not guard._speculative[key].trial.done  # its loss is tried in turn
 
 
+def test_a_lost_trial_counts_in_what_the_probe_burst_before_it_cost() -> None:
+    """From 9 requests on a burst's figure that reads a loss is tried before it rejects: where speculation loses that
+    trial too, its speculative arm's loss (32 steps, to a burst's 12) is part of what the probe cost, and the next
+    probe is priced with it."""
+    guard = GoodputGuard()
+    key = (batch_bucket(16), 0, "draft")
+    losing, plain = step(16, True, 11.2, 0.010), step(16, False, 16, 0.010)  # speculation at 0.7x plain decode
+    for _ in range(SAMPLES):
+        guard.observe(plain)
+        guard.observe(losing)
+    run_trial(guard, 16, losing, plain)
+    assert guard._trial_loss[key] == pytest.approx(TRIAL_STEPS * 0.3)  # plain steps lost
+    [row] = [row for row in guard.summary() if row["batch_sizes"] == [9, 16]]
+    assert row["speculative"]["draft"]["T=0"]["trial_loss"] == pytest.approx(TRIAL_STEPS * 0.3)
+    assert guard._probe_loss(key) is None  # no burst measured yet: the figure prices the probe
+    guard._burst_loss[key] = 2.0
+    assert guard._probe_loss(key) == pytest.approx(2.0 + TRIAL_STEPS * 0.3)
+    won = Trial()
+    for _ in range(2 * TRIAL_STEPS):
+        won.add(won.speculates, 0, 0.010, 20 if won.speculates else 16)
+    assert won.won and won.loss == 0.0
+
+
 def test_a_trial_takes_the_draft_models_catch_up_on_the_plain_window_off_its_switch() -> None:
     """A speculative window's first drafting step feeds the draft model what the plain window decoded, which neither
     sustained speculation nor plain decode pays: its price comes off. The draft model's prefill of a prompt that
@@ -266,7 +289,7 @@ def test_summary_reports_each_bucket() -> None:
     assert row == {"batch_sizes": [3, 4], "plain": {"tokens_per_s": pytest.approx(300.0), "steps": 1},
                    "speculative": {"draft": {"(0.5,0.9]": {"tokens_per_s": pytest.approx(800.0), "steps": 1,
                                                              "vs_plain": None, "probe_burst_loss": None,
-                                                             "trial": None}}}}
+                                                             "trial_loss": None, "trial": None}}}}
     # (1 plain step: not measured yet; no probe burst ran; no trial below 17 requests)
 
 
