@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 
 from gateway.app import create_app
@@ -34,18 +35,25 @@ async def test_tokens_per_minute_limit(engine: FakeEngine) -> None:
         assert limited.status_code == 429 and "tokens per minute" in limited.json()["error"]["message"]
 
 
+async def started_request(client: httpx.AsyncClient, engine: FakeEngine, *, max_tokens: int,
+                          stream: bool) -> asyncio.Task:
+    """A completion request in flight, once the engine runs it."""
+    request = asyncio.create_task(
+        client.post("/v1/completions", json=completion_body("a b c d", max_tokens=max_tokens, stream=stream))
+    )
+    for _ in range(200):
+        if engine.num_running:
+            break
+        await asyncio.sleep(0.005)
+    return request
+
+
 async def test_drain_refuses_new_requests_and_lets_streams_finish() -> None:
     engine = FakeEngine(token_delay_s=0.005)
     app = create_app(GatewaySettings(), engine)
     state = app.state.gateway
     async with open_client(app) as client:
-        stream = asyncio.create_task(
-            client.post("/v1/completions", json=completion_body("a b c d", max_tokens=60, stream=True))
-        )
-        for _ in range(200):
-            if engine.num_running:
-                break
-            await asyncio.sleep(0.005)
+        stream = await started_request(client, engine, max_tokens=60, stream=True)
         assert state.num_in_flight == 1
         state.begin_drain()
         ready = await client.get("/ready")
@@ -66,13 +74,7 @@ async def test_cutting_open_requests_ends_them_with_a_shutdown_error(stream: boo
     app = create_app(GatewaySettings(), engine)
     state = app.state.gateway
     async with open_client(app) as client:
-        request = asyncio.create_task(
-            client.post("/v1/completions", json=completion_body("a b c d", max_tokens=200, stream=stream))
-        )
-        for _ in range(200):
-            if engine.num_running:
-                break
-            await asyncio.sleep(0.005)
+        request = await started_request(client, engine, max_tokens=200, stream=stream)
         await asyncio.sleep(0.05)
         state.begin_drain()
         assert state.cut_open_requests() == 1
