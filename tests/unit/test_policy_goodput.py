@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import Candidate, CostCoefficients, DraftPlan, expected_tokens, plan_batch
-from policies.goodput import best_alone, k_probe
+from policies.goodput import _plan_jointly, best_alone, k_probe
 
 COEFFS = CostCoefficients(a=8e-3, b=5e-5, c=2.5e-4, d=1.5e-3, e=2e-5)
 
@@ -205,3 +206,33 @@ def test_best_alone_is_the_best_choice_at_the_price_with_the_rest_of_the_step_fi
     chosen = best_alone(c, coeffs, price, passes)
     assert chosen in options
     assert value(*chosen) >= max(value(*option) for option in options) - 1e-9 * price
+
+
+long_caps = st.builds(
+    Candidate,
+    alpha_draft=st.floats(0.05, 0.99),
+    max_k_draft=st.integers(0, 8),
+    alpha_ngram=st.floats(0.05, 0.99),
+    max_k_ngram=st.integers(0, 8),
+    draft_catch_up=st.one_of(st.just(0.0), st.floats(0.0, 20.0)),
+    lead_draft=st.one_of(st.just(1.0), st.floats(0.7, 1.3)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(long_caps, coefficients, st.integers(0, 20), st.sampled_from([0.0, 0.1]), st.booleans(),
+       st.one_of(st.none(), st.tuples(st.sampled_from(["draft", "ngram"]), st.integers(0, 9))))
+def test_a_batch_of_one_is_planned_as_the_joint_solver_would(
+        alone: Candidate, coeffs: CostCoefficients, prefill: int, hysteresis: float, speculate: bool,
+        previous: tuple[str, int] | None) -> None:
+    """One request's plan scores each choice directly; it must find the joint solver's optimum, priced alike."""
+    alone = replace(alone, previous=previous)
+    fast = plan_batch([alone], coeffs, prefill, hysteresis, speculate=speculate)
+    joint = _plan_jointly([alone], coeffs, prefill, hysteresis, speculate)
+    combo = lambda plan: tuple(zip(plan.ks, plan.proposers, strict=True))  # noqa: E731
+    assert objective([alone], coeffs, prefill, hysteresis, combo(fast)) == pytest.approx(
+        objective([alone], coeffs, prefill, hysteresis, combo(joint)), rel=1e-9)
+    assert fast.goodput == pytest.approx(objective([alone], coeffs, prefill, 0.0, combo(fast)), rel=1e-9)
+    assert (fast.num_tokens, fast.draft_passes, fast.num_draft_requests) == (
+        1 + prefill + fast.ks[0], fast.ks[0] if fast.proposers[0] == "draft" else 0,
+        int(fast.ks[0] > 0 and fast.proposers[0] == "draft"))
