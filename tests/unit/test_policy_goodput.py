@@ -53,16 +53,21 @@ def brute_force_goodput(candidates: list[Candidate], coeffs: CostCoefficients, p
     return max(objective(candidates, coeffs, prefill, hysteresis, combo) for combo in itertools.product(*options))
 
 
-candidate = st.builds(
-    Candidate,
-    alpha_draft=st.floats(0.05, 0.99),
-    max_k_draft=st.integers(0, 3),
-    alpha_ngram=st.floats(0.05, 0.99),
-    max_k_ngram=st.integers(0, 3),
-    draft_catch_up=st.one_of(st.just(0.0), st.floats(0.0, 20.0)),
-    lead_draft=st.one_of(st.just(1.0), st.floats(0.7, 1.3)),
-    lead_ngram=st.one_of(st.just(1.0), st.floats(0.7, 1.3)),
-)
+def candidates(max_k: int) -> st.SearchStrategy[Candidate]:
+    """Requests with caps up to ``max_k`` per proposer (3 keeps brute force over a batch of 3 fast)."""
+    return st.builds(
+        Candidate,
+        alpha_draft=st.floats(0.05, 0.99),
+        max_k_draft=st.integers(0, max_k),
+        alpha_ngram=st.floats(0.05, 0.99),
+        max_k_ngram=st.integers(0, max_k),
+        draft_catch_up=st.one_of(st.just(0.0), st.floats(0.0, 20.0)),
+        lead_draft=st.one_of(st.just(1.0), st.floats(0.7, 1.3)),
+        lead_ngram=st.one_of(st.just(1.0), st.floats(0.7, 1.3)),
+    )
+
+
+candidate = candidates(3)
 coefficients = st.builds(
     CostCoefficients,
     a=st.floats(1e-3, 1e-2),
@@ -208,19 +213,8 @@ def test_best_alone_is_the_best_choice_at_the_price_with_the_rest_of_the_step_fi
     assert value(*chosen) >= max(value(*option) for option in options) - 1e-9 * price
 
 
-long_caps = st.builds(
-    Candidate,
-    alpha_draft=st.floats(0.05, 0.99),
-    max_k_draft=st.integers(0, 8),
-    alpha_ngram=st.floats(0.05, 0.99),
-    max_k_ngram=st.integers(0, 8),
-    draft_catch_up=st.one_of(st.just(0.0), st.floats(0.0, 20.0)),
-    lead_draft=st.one_of(st.just(1.0), st.floats(0.7, 1.3)),
-)
-
-
 @settings(max_examples=300, deadline=None)
-@given(long_caps, coefficients, st.integers(0, 20), st.sampled_from([0.0, 0.1]), st.booleans(),
+@given(candidates(8), coefficients, st.integers(0, 20), st.sampled_from([0.0, 0.1]), st.booleans(),
        st.one_of(st.none(), st.tuples(st.sampled_from(["draft", "ngram"]), st.integers(0, 9))))
 def test_a_batch_of_one_is_planned_as_the_joint_solver_would(
         alone: Candidate, coeffs: CostCoefficients, prefill: int, hysteresis: float, speculate: bool,
