@@ -210,6 +210,8 @@ def _plan_alone(c: Candidate, coeffs: CostCoefficients, base_tokens: int, bonus:
     joint solver's 62-73. At one prose client the policy's work had been 2.2-2.5% of adaptive's runs against fixed
     draft k = 4's 0.9%; with this, 1.8-2.1% (s74)."""
     previous = c.previous
+    # `CostCoefficients.step_seconds` at batch 1, spelled out: a `DraftPlan` per option would cost more than the scan
+    # (the property test holds the two together)
     a, f, d, e, h = coeffs.a + coeffs.b + coeffs.c * base_tokens + coeffs.g, coeffs.f, coeffs.d, coeffs.e, coeffs.h
     best_value, best_k, best_draft = -math.inf, 0, False
     if not speculate or not (c.max_k_draft or c.max_k_ngram):
