@@ -205,7 +205,7 @@ class GoodputGuard:
         if trial is not None and not trial.done and batch_bucket(timing.batch_size) == key[0]:
             trial.add(speculative_arm, timing.num_prefill_tokens, timing.step_seconds,
                       max(0, timing.num_generated - timing.num_prefilling),  # less the joining requests' first tokens
-                      timing.num_draft_catch_up_tokens, self.catch_up_token_seconds())
+                      timing.num_draft_catch_up_tokens, self.catch_up_token_seconds(), self._trial_bar(*key))
             if trial.done and not trial.won:
                 spec.probed = True  # the trial measured it afresh: its rejection is probed at the usual rate
                 average_in(self._trial_loss, key, trial.loss)  # a cost of the burst that led to it (`_probe_loss`)
@@ -473,7 +473,7 @@ class GoodputGuard:
         if trial is not None and not spec.winning:  # a trial (of a take-up or a rejection)
             if not trial.done:  # under way: its windows route the steps, and its ratio is no bar yet (`_bar`)
                 return "speculate", None
-            ratio = trial.ratio
+            ratio = trial.ratio / trial.bar if trial.ratio is not None else None
             if trial.won:
                 return "speculate", ratio
             return ("remeasure" if regime_shift else "decode plainly"), ratio
@@ -486,6 +486,16 @@ class GoodputGuard:
         if regime_shift:
             return "remeasure", ratio
         return "decode plainly", ratio
+
+    def _trial_bar(self, bucket: int, temperature_key: int, route: str) -> float:
+        """What a trial's speculative arm must beat over plain decode: `_bar`, or for the draft route from
+        ``NGRAM_BAR_BUCKET`` on, n-gram lookups' measured gain whatever its verdict: the arm may propose by n-gram
+        lookups too, and their gain alone (1.03x at 64 simulated requests, under their own bar) took up a draft model
+        that lost 20% there, trial after trial."""
+        if route != "draft" or bucket < NGRAM_BAR_BUCKET:
+            return 1.0
+        ngram = self._judge(bucket, temperature_key, "ngram")[1]
+        return max(1.0, ngram or 1.0, self._bar(bucket, temperature_key, route))
 
     def _bar(self, bucket: int, temperature_key: int, route: str) -> float:
         """What the route's rate over plain decode's must beat: 1; for the draft route from ``NGRAM_BAR_BUCKET``
