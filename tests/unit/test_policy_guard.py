@@ -696,6 +696,29 @@ def test_from_9_requests_the_draft_route_must_beat_n_gram_lookups_alone_where_th
     assert guard._judge(batch_bucket(32), 0, "draft")[1] == pytest.approx(1.1875)
 
 
+@pytest.mark.parametrize(("ngram_tokens", "taken_up"), [(16.48, False), (None, True)])
+def test_a_draft_route_trial_must_beat_what_n_gram_lookups_alone_gain(ngram_tokens: float | None,
+                                                                      taken_up: bool) -> None:
+    """A draft-route trial's speculative arm may propose by n-gram lookups too: their measured gain, under their own
+    bar or not, is what it must beat. At 64 simulated requests n-gram lookups gained 3% and a draft model that lost
+    20% was taken up on that, trial after trial. Without an n-gram figure, a 3.5% gain is a win (at the last look:
+    too close to call before)."""
+    guard = GoodputGuard()
+    key = (batch_bucket(16), 0, "draft")
+    plain = step(16, False, 16, 0.010)
+    for _ in range(SAMPLES):
+        guard.observe(plain)
+        guard.observe(step(16, True, 11.2, 0.010))  # the draft route's figure reads a 30% loss: tried
+        if ngram_tokens is not None:
+            guard.observe(step(16, True, ngram_tokens, 0.010, route="ngram"))  # 1.03x: to be measured more
+    arms = run_trial(guard, 16, step(16, True, 16.56, 0.010), plain)  # the arm gains 3.5%
+    trial = guard._speculative[key].trial
+    assert len(arms) == 2 * MAX_TRIAL_STEPS
+    assert trial.bar == pytest.approx(1.03 if ngram_tokens else 1.0)
+    assert trial.won is taken_up
+    assert ("draft" in guard.allowed_proposers(16, 0.0, random.Random(0), 0.0)) is taken_up
+
+
 @pytest.mark.usefixtures("without_trials")
 def test_an_untried_draft_route_does_not_let_the_plan_run_a_rejected_n_gram_route() -> None:
     """Where the plan has not used the draft model yet, the steps it makes n-gram-only are n-gram route steps:
