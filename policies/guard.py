@@ -13,11 +13,10 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
   re-measurement makes is then probed like any other, its first burst boosted and not declinable.
 - A trial from 17 requests on (`TRIAL_BUCKET`, policies/guard_trial.py): there a figure over its bar is taken up
   only once windows of plain steps and of steps that may speculate, in turns, side by side, read speculation
-  1 + ``TRIAL_GAIN`` times as fast (a draft-route trial: as fast as n-gram lookups alone where they gain,
-  `_trial_bar`), a trial too close to call running on; paired plain figures strayed by up to 10% for whole runs
-  there. A lost trial is a rejection like any. From 9 requests on (`REJECTION_TRIAL_BUCKET`), a figure that reads a
-  loss rejects only on a trial too: there a 12-step figure can read 0.7-0.9x plain decode where sustained
-  speculation wins by 10%.
+  1 + ``TRIAL_GAIN`` times as fast (a trial too close to call runs on; a draft-route trial's speculative windows
+  propose by the draft model alone); paired plain figures strayed by up to 10% for whole runs there. A lost trial
+  is a rejection like any. From 9 requests on (`REJECTION_TRIAL_BUCKET`), a figure that reads a loss rejects only on
+  a trial too: there a 12-step figure can read 0.7-0.9x plain decode where sustained speculation wins by 10%.
 - Enough steps: no verdict before ``MIN_SPECULATIVE_SAMPLES`` speculative steps; a near miss (from
   ``NEAR_MISS``) rejects only on ``SURE_SAMPLES``.
 - Like with like: speculation is compared with plain decode at its own mix of batch sizes, each of its
@@ -207,7 +206,7 @@ class GoodputGuard:
         if trial is not None and not trial.done and batch_bucket(timing.batch_size) == key[0]:
             trial.add(speculative_arm, timing.num_prefill_tokens, timing.step_seconds,
                       max(0, timing.num_generated - timing.num_prefilling),  # less the joining requests' first tokens
-                      timing.num_draft_catch_up_tokens, self.catch_up_token_seconds(), self._trial_bar(*key))
+                      timing.num_draft_catch_up_tokens, self.catch_up_token_seconds())
             if trial.done and not trial.won:
                 spec.probed = True  # the trial measured it afresh: its rejection is probed at the usual rate
                 average_in(self._trial_loss, key, trial.loss)  # a cost of the burst that led to it (`_probe_loss`)
@@ -286,6 +285,11 @@ class GoodputGuard:
         if draft == "plain":
             return NO_PROPOSERS
         if draft == "speculate":
+            if self._trial_step is not None and self._trial_step[0][2] == "draft":
+                # A trial's speculative window measures the draft route: n-gram lookups alone may gain where the
+                # draft model loses (at 64 simulated requests 1.03x plain decode to its 0.8x), and that gain took a
+                # losing draft model up, trial after trial, once trials ran long enough to read it.
+                return DRAFT_ONLY
             # The draft route is not known to win here: it is untried, or being measured. The plan may still
             # make a step n-gram-only, and such a step is judged by the n-gram route: where that route lost
             # here, only the draft model may propose (at 17-32 requests, a draft route that the plan never
@@ -475,7 +479,7 @@ class GoodputGuard:
         if trial is not None and not spec.winning:  # a trial (of a take-up or a rejection)
             if not trial.done:  # under way: its windows route the steps, and its ratio is no bar yet (`_bar`)
                 return "speculate", None
-            ratio = trial.ratio / trial.bar if trial.ratio is not None else None
+            ratio = trial.ratio
             if trial.won:
                 return "speculate", ratio
             return ("remeasure" if regime_shift else "decode plainly"), ratio
@@ -488,16 +492,6 @@ class GoodputGuard:
         if regime_shift:
             return "remeasure", ratio
         return "decode plainly", ratio
-
-    def _trial_bar(self, bucket: int, temperature_key: int, route: str) -> float:
-        """What a trial's speculative arm must beat over plain decode: `_bar`, or for the draft route from
-        ``NGRAM_BAR_BUCKET`` on, n-gram lookups' measured gain whatever its verdict: the arm may propose by n-gram
-        lookups too, and their gain alone (1.03x at 64 simulated requests, under their own bar) took up a draft model
-        that lost 20% there, trial after trial."""
-        if route != "draft" or bucket < NGRAM_BAR_BUCKET:
-            return 1.0
-        ngram = self._judge(bucket, temperature_key, "ngram")[1]
-        return max(1.0, ngram or 1.0, self._bar(bucket, temperature_key, route))
 
     def _bar(self, bucket: int, temperature_key: int, route: str) -> float:
         """What the route's rate over plain decode's must beat: 1; for the draft route from ``NGRAM_BAR_BUCKET``

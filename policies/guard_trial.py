@@ -72,7 +72,6 @@ class Trial:
     arms: tuple[_Arm, _Arm] = field(default_factory=lambda: (_Arm(), _Arm()))
     lag: int = 0  # tokens the plain arm decoded since the draft model last proposed (what it must catch up on)
     done: bool = False  # a look settled the verdict (`_settled`): no step is added after it
-    bar: float = 1.0  # what the speculative arm's ratio must beat, times 1 + ``TRIAL_GAIN`` (as of the latest step)
     _final: float | None = None  # the ratio once done: a lost trial's verdict is read every step it stands
 
     @property
@@ -81,11 +80,9 @@ class Trial:
         return (sum(arm.steps for arm in self.arms) // TRIAL_WINDOW) % 2 == 1
 
     def add(self, speculative_arm: bool, prompt_tokens: int, seconds: float, decoded: int,
-            catch_up_tokens: int = 0, catch_up_token_seconds: float = 0.0, bar: float = 1.0) -> None:
+            catch_up_tokens: int = 0, catch_up_token_seconds: float = 0.0) -> None:
         """Count one step the trial routed; ``catch_up_tokens``: what the draft model fed beyond one token per
-        request, at ``catch_up_token_seconds`` each (the cost model's price); ``bar``: the route's bar over plain
-        decode, 1 but for the draft route where n-gram lookups alone win (`GoodputGuard._bar`): the speculative
-        arm may propose by n-gram lookups too, and their gain alone must not take the draft model up.
+        request, at ``catch_up_token_seconds`` each (the cost model's price).
 
         Of a speculative step's catch-up, the tokens the plain arm decoded are no cost of sustained speculation nor
         of plain decode: only of the trial's alternation, and their price is taken off. The rest of it, the draft
@@ -101,11 +98,10 @@ class Trial:
             self.lag = 0
         arm = self.arms[int(speculative_arm)]
         arm.add(prompt_tokens, seconds, decoded)
-        self.bar = bar
         steps = min(side.steps for side in self.arms)
         if arm.steps == steps and steps % TRIAL_STEPS == 0:  # both arms have a look's steps: look
             ratio = self._ratio()
-            if _settled(ratio, steps, bar):
+            if _settled(ratio, steps):
                 self.done, self._final = True, ratio
 
     @property
@@ -140,15 +136,15 @@ class Trial:
 
     @property
     def won(self) -> bool:
-        return self._final is not None and self._final >= self.bar * (1.0 + TRIAL_GAIN)  # set once done
+        return self._final is not None and self._final >= 1.0 + TRIAL_GAIN  # set once done
 
 
-def _settled(ratio: float | None, steps: int, bar: float) -> bool:
+def _settled(ratio: float | None, steps: int) -> bool:
     """Whether a look at ``steps`` steps an arm settles a trial reading ``ratio``: at the last look, or where it reads
-    clear of ``bar`` x (1 + ``TRIAL_GAIN``) by the look's margin. A 32-step trial that read 0.984x plain decode where
+    clear of its bar, 1 + ``TRIAL_GAIN``, by the look's margin. A 32-step trial that read 0.984x plain decode where
     sustained speculation ran 1.05-1.07x `off` rejected it for three runs (code T = 1, 16 clients, s74); one near
     break-even that reads a false win takes speculation up where it loses. Running on costs little there: near the
     bar the arms nearly tie."""
     if ratio is None or steps >= MAX_TRIAL_STEPS:
         return True
-    return abs(ratio / bar - (1.0 + TRIAL_GAIN)) >= TRIAL_MARGIN * math.sqrt(TRIAL_STEPS / steps)
+    return abs(ratio - (1.0 + TRIAL_GAIN)) >= TRIAL_MARGIN * math.sqrt(TRIAL_STEPS / steps)
