@@ -13,10 +13,9 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
   re-measurement makes is then probed like any other, its first burst boosted and not declinable.
 - A trial from 17 requests on (`TRIAL_BUCKET`, policies/guard_trial.py): there a figure over its bar is taken up
   only once windows of plain steps and of steps that may speculate, in turns, side by side, read speculation
-  1 + ``TRIAL_GAIN`` times as fast (a trial too close to call runs on; a draft-route trial's speculative windows
-  propose by the draft model alone); paired plain figures strayed by up to 10% for whole runs there. A lost trial
-  is a rejection like any. From 9 requests on (`REJECTION_TRIAL_BUCKET`), a figure that reads a loss rejects only on
-  a trial too: there a 12-step figure can read 0.7-0.9x plain decode where sustained speculation wins by 10%.
+  1 + ``TRIAL_GAIN`` times as fast; paired plain figures strayed by up to 10% for whole runs there. A lost trial is
+  a rejection like any. From 9 requests on (`REJECTION_TRIAL_BUCKET`), a figure that reads a loss rejects only on a
+  trial too: there a 12-step figure can read 0.7-0.9x plain decode where sustained speculation wins by 10%.
 - Enough steps: no verdict before ``MIN_SPECULATIVE_SAMPLES`` speculative steps; a near miss (from
   ``NEAR_MISS``) rejects only on ``SURE_SAMPLES``.
 - Like with like: speculation is compared with plain decode at its own mix of batch sizes, each of its
@@ -285,11 +284,6 @@ class GoodputGuard:
         if draft == "plain":
             return NO_PROPOSERS
         if draft == "speculate":
-            if self._trial_step is not None and self._trial_step[0][2] == "draft":
-                # A trial's speculative window measures the draft route: n-gram lookups alone may gain where the
-                # draft model loses (at 64 simulated requests 1.03x plain decode to its 0.8x), and that gain took a
-                # losing draft model up, trial after trial, once trials ran long enough to read it.
-                return DRAFT_ONLY
             # The draft route is not known to win here: it is untried, or being measured. The plan may still
             # make a step n-gram-only, and such a step is judged by the n-gram route: where that route lost
             # here, only the draft model may propose (at 17-32 requests, a draft route that the plan never
@@ -439,8 +433,8 @@ class GoodputGuard:
     def _probe_loss(self, key: tuple[int, int, str]) -> float | None:
         """What a probe burst of rejected speculation costs, in plain steps, as measured: the burst, and from 9
         requests on the trial it leads to where the trial is lost (a burst's figure that reads a loss is tried
-        before it rejects; from 17 requests on one that reads a win too). A lost trial's speculative arm runs 32-96
-        steps to a burst's 12 measured ones: there most of what a burst costs is the trial after it."""
+        before it rejects; from 17 requests on one that reads a win too). A lost trial's speculative arm runs 32 steps
+        to a burst's 12 measured ones: there most of what a burst costs is the trial after it."""
         burst = self._burst_loss.get(key)
         return None if burst is None else burst + self._trial_loss.get(key, 0.0)
 

@@ -12,9 +12,6 @@ From 9 requests on, a figure that reads a loss is tried the same way before it r
 stands for long (its probes come the rarer the more it lost), and a trial where speculation does lose costs about half
 its speculative steps' loss, once per measurement that rejects.
 
-A trial looks at its verdict every ``TRIAL_STEPS`` steps an arm: one that reads clear of its bar by a margin that
-shrinks with the steps (`_settled`) is in; one too close to call runs on, to ``MAX_TRIAL_STEPS`` at most.
-
 Prompts that join steps are most of a step's seconds at 32 code clients, and how many join a window is luck: so the
 trial fits each arm's step seconds at no prompt tokens, with a slope per prompt token shared by both arms
 (`Trial.ratio`), and gives both arms the same prompt cost per decoded token, as the traffic brings it: every request
@@ -23,7 +20,6 @@ is prefilled once whichever arm decodes it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 TRIAL_BUCKET = 5  # from this batch-size bucket (17-32 requests) on, speculation is taken up only on a trial
@@ -32,12 +28,8 @@ TRIAL_BUCKET = 5  # from this batch-size bucket (17-32 requests) on, speculation
 # 1.12x (s71, 16 prose clients T = 0, 32 code clients T = 1), and the rejections stood for the rest of the runs
 REJECTION_TRIAL_BUCKET = 4
 TRIAL_WINDOW = 4  # steps in a row per arm: the draft model catches up once a window, not once a step
-TRIAL_STEPS = 32  # measured steps per arm at a trial's first look at its verdict (and between looks)
+TRIAL_STEPS = 32  # measured steps per arm before the trial's verdict
 TRIAL_GAIN = 0.025  # speculation's arm must beat the plain one by this much: a trial's ratio is noisy too
-# a look that reads within this of the bar (1 + TRIAL_GAIN) runs the trial on, the margin shrinking as 1/sqrt(steps):
-# resampled by window pairs, 32-step trials at 16-32 code requests read with a spread of 3-5% (s75)
-TRIAL_MARGIN = 0.05
-MAX_TRIAL_STEPS = 3 * TRIAL_STEPS  # the last look: its ratio is the verdict, however close to the bar
 
 
 @dataclass
@@ -71,7 +63,7 @@ class Trial:
 
     arms: tuple[_Arm, _Arm] = field(default_factory=lambda: (_Arm(), _Arm()))
     lag: int = 0  # tokens the plain arm decoded since the draft model last proposed (what it must catch up on)
-    done: bool = False  # a look settled the verdict (`_settled`): no step is added after it
+    done: bool = False  # each arm has ``TRIAL_STEPS`` steps: the verdict is in, and no step is added after it
     _final: float | None = None  # the ratio once done: a lost trial's verdict is read every step it stands
 
     @property
@@ -96,13 +88,9 @@ class Trial:
         elif catch_up_tokens:
             seconds -= catch_up_token_seconds * min(catch_up_tokens, self.lag)
             self.lag = 0
-        arm = self.arms[int(speculative_arm)]
-        arm.add(prompt_tokens, seconds, decoded)
-        steps = min(side.steps for side in self.arms)
-        if arm.steps == steps and steps % TRIAL_STEPS == 0:  # both arms have a look's steps: look
-            ratio = self._ratio()
-            if _settled(ratio, steps):
-                self.done, self._final = True, ratio
+        self.arms[int(speculative_arm)].add(prompt_tokens, seconds, decoded)
+        if min(arm.steps for arm in self.arms) >= TRIAL_STEPS:
+            self.done, self._final = True, self._ratio()
 
     @property
     def ratio(self) -> float | None:
@@ -137,14 +125,3 @@ class Trial:
     @property
     def won(self) -> bool:
         return self._final is not None and self._final >= 1.0 + TRIAL_GAIN  # set once done
-
-
-def _settled(ratio: float | None, steps: int) -> bool:
-    """Whether a look at ``steps`` steps an arm settles a trial reading ``ratio``: at the last look, or where it reads
-    clear of its bar, 1 + ``TRIAL_GAIN``, by the look's margin. A 32-step trial that read 0.984x plain decode where
-    sustained speculation ran 1.05-1.07x `off` rejected it for three runs (code T = 1, 16 clients, s74); one near
-    break-even that reads a false win takes speculation up where it loses. Running on costs little there: near the
-    bar the arms nearly tie."""
-    if ratio is None or steps >= MAX_TRIAL_STEPS:
-        return True
-    return abs(ratio - (1.0 + TRIAL_GAIN)) >= TRIAL_MARGIN * math.sqrt(TRIAL_STEPS / steps)
