@@ -50,8 +50,7 @@ Six corrections on top of the pure optimum:
   ran 1.09x faster. Where the model puts speculation further below plain decode, a probe burst that has not
   speculated yet is declined and ends: it would plan each of its steps (plan sampling waits for bursts) and
   measure nothing. At 32 requests such bursts came about once per 240 steps and ran their 36 steps each.
-  Measurements under way are not declined (a rejection's confirming probe, the probes of a trial lost at
-  break-even or better, a first figure once begun, a near
+  Measurements under way are not declined (a rejection's confirming probe, a first figure once begun, a near
   miss short of its sure verdict, the last two while the load stays at their bucket): see
   `GoodputGuard.decline_measurement`. Nor are they left to starve where the plan speculates with n-gram lookups
   alone (steps the guard books to the n-gram route): such a step takes the best plan in which the draft model

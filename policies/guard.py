@@ -315,8 +315,7 @@ class GoodputGuard:
 
         False where a measurement must be made whatever the model says, since the model declining it is no
         evidence (docs/goodput-guard.md): a rejection's first burst (its confirming probe; an inherited rejection's
-        bursts until one has measured the bucket; each burst of a trial's rejection that read break-even or better,
-        `_lost_at_break_even`), a draft route's first figure once begun (the switch into it
+        bursts until one has measured the bucket), a draft route's first figure once begun (the switch into it
         taken), and a near miss short of ``SURE_SAMPLES``; these two only while the load has stayed at their bucket
         (`_draft_unsettled`)."""
         key = (batch_bucket(batch_size), temperature_bucket(temperature))
@@ -412,7 +411,7 @@ class GoodputGuard:
             if fallen:  # plain decode as it runs now first: the burst waits for it (below)
                 self._plain_probe_left[key[0]] = PROBE_LIMIT
             rejected = self._speculative.get(key)  # None: inherited from a smaller batch, never measured here
-            confirming = rejected is None or not rejected.probed or _lost_at_break_even(rejected)
+            confirming = rejected is None or not rejected.probed
             # one boosted burst per rejection, whether or not the plan speculates in it; a fallen win's
             # re-measurement is none (should it reject, whichever figure then stands, that rejection is probed)
             probed = not fallen
@@ -599,16 +598,6 @@ def _tried_first(bucket: int, spec: Figure, verdict: str | None) -> bool:
         return not spec.trial.done
     return ((verdict == "speculate" and bucket >= TRIAL_BUCKET)
             or (verdict == "decode plainly" and bucket >= REJECTION_TRIAL_BUCKET))
-
-
-def _lost_at_break_even(spec: Figure) -> bool:
-    """Whether the figure's rejection is a trial's that read speculation at break-even or better, short of its bar:
-    its probes may not be declined, since the model's prediction of a loss is no evidence against that measurement.
-    Declined, they never ran: at 32 prose clients, T = 0.7, a trial read 1.017x plain decode, the model put
-    speculation below plain decode, and the rejection stood for five runs (~550 plain steps) while fixed draft k = 2
-    ran 1.08x `off` (s76)."""
-    trial = spec.trial
-    return trial is not None and trial.done and not trial.won and (trial.ratio or 0.0) >= 1.0
 
 
 def _probe_scale(vs_plain: float | None, catch_up: float = 0.0, winning: bool = False,

@@ -70,7 +70,7 @@ class Figure:
     probed: bool = False  # speculative arms: its rejection was probed since it last won (not by a re-measurement)
     winning: bool = False  # speculative arms: the verdict acted on last was "speculate"; it holds down to break-even
     catching_up: bool = False  # draft-route probes: the first speculative step (the draft's catch-up) is still due
-    confirming: bool = False  # probes the plan may not decline: a rejection's first, or a near-won trial's
+    confirming: bool = False  # probes: the first of a rejection, which the plan may not decline
     loss: float = 0.0  # probes: plain steps their burst lost so far against plain decode (`_charge_probes`)
     trial: Trial | None = None  # speculative arms from 9 requests on: the trial of their take-up or rejection
     sampled_at_move: int = 0  # speculative arms: the guard's count of bucket moves at their latest step

@@ -213,26 +213,6 @@ def test_a_lost_trial_stands_until_a_probe_measures_speculation_again() -> None:
     assert guard.probing(16, 0.0) and not guard._speculative[key].trial.done  # its loss is tried in turn
 
 
-@pytest.mark.parametrize(("spec_tokens", "declinable"), [(32.4, False), (30.4, True)])
-def test_a_trial_lost_at_break_even_or_better_has_probes_the_plan_may_not_decline(
-        spec_tokens: float, declinable: bool) -> None:
-    """A trial that read speculation 1.25% over plain decode lost only to its bar: the model's word that speculation
-    loses is no evidence against that, so the rejection's bursts run whatever the plan predicts. One that read a 5%
-    loss is probed as any rejection, and the plan may decline those probes."""
-    guard = GoodputGuard()
-    rng = random.Random(0)
-    for _ in range(SAMPLES):
-        guard.observe(step(32, False, 32, 0.010))
-        guard.observe(step(32, True, 40, 0.010))  # the figure reads a 25% win: tried before it is taken up
-    run_trial(guard, 32, step(32, True, spec_tokens, 0.010), step(32, False, 32, 0.010))
-    trial = guard._speculative[(batch_bucket(32), 0, "draft")].trial
-    assert trial.done and not trial.won
-    while "draft" not in guard.allowed_proposers(32, 0.0, rng, 1.0):  # probes at every chance: a burst starts
-        pass
-    assert guard.decline_measurement(32, 0.0) == declinable
-    assert guard.probing(32, 0.0) != declinable  # a declined burst that has not speculated yet ends
-
-
 def test_a_lost_trial_counts_in_what_the_probe_burst_before_it_cost() -> None:
     """From 9 requests on a burst's figure that reads a loss is tried before it rejects: where speculation loses that
     trial too, its speculative arm's loss (32 steps, to a burst's 12) is part of what the probe cost, and the next
