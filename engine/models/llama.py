@@ -390,19 +390,24 @@ def packed_linears(model: nn.Module) -> list[PackedLinear]:
 
 
 EXACT_ROWS = 16  # row counts up to this run as they are, or as a model's calibrated `PackedLinear.row_padding` says
+# (up to rows, rounded up to a multiple of): the row counts above EXACT_ROWS that packed linears run at; beyond, 256
+ROW_BANDS: tuple[tuple[int, int], ...] = ((64, 4), (256, 8), (512, 32))
 
 
 def padded_rows(rows: int, row_padding: tuple[int, ...] | None = None) -> int:
     """The row count oneDNN sees for ``rows`` input rows: up to 16, as ``row_padding`` says (None: exact), then
-    rounded up (4, 32, 256).
+    rounded up as ``ROW_BANDS`` says (to 4, 8, 32), and beyond them to 256.
 
     oneDNN builds a kernel per (rows, in, out) on first use (~0.4 ms) and keeps 1024 of them. A
     speculating batch feeds sum(k_i + 1) rows and every prefill chunk its own length, so exact row
-    counts kept building kernels and evicting each other; these ~50 sizes per weight shape fit.
+    counts kept building kernels and evicting each other; these ~66 sizes per weight shape fit (the
+    bundled target has 5 shapes; its draft model runs int8, unpacked). A padded row costs what a fed one does:
+    rounded to 32 from 65 rows, a verification of 16 requests at k = 4 (80 rows) ran at 96, and mixed plans at 32
+    requests (k = 1-2: 65-95 rows) paid fixed k = 2's 96 rows (docs/goodput-guard.md, s77).
     """
     if rows <= EXACT_ROWS:
         return row_padding[rows] if row_padding is not None and rows < len(row_padding) else rows
-    for limit, step in ((64, 4), (512, 32)):
+    for limit, step in ROW_BANDS:
         if rows <= limit:
             return -(-rows // step) * step
     return -(-rows // 256) * 256

@@ -260,15 +260,31 @@ def test_prefill_chunks_attend_with_others_of_about_their_length():
 
 
 def test_packed_linears_pad_rows_to_a_bounded_set_of_sizes():
-    """oneDNN builds a kernel per row count and keeps 1024: the sizes it sees must stay few."""
+    """oneDNN builds a kernel per row count and keeps 1024: the sizes it sees must stay few (the bundled target has
+    5 linear shapes), and a verifying batch's few dozen rows must not pay many more (80 rows at 96 had cost 1.3x)."""
     from engine.models.llama import PackedLinear, padded_rows
 
-    assert [padded_rows(n) for n in (1, 16, 17, 64, 65, 512, 513)] == [1, 16, 20, 64, 96, 512, 768]
-    assert len({padded_rows(n) for n in range(1, 4097)}) <= 64
+    assert [padded_rows(n) for n in (1, 16, 17, 64, 65, 80, 256, 257, 512, 513)] == [
+        1, 16, 20, 64, 72, 80, 256, 288, 512, 768]
+    assert len({padded_rows(n) for n in range(1, 4097)}) <= 80
+    assert all(padded_rows(n) - n < 8 for n in range(17, 257))
     linear = torch.nn.Linear(32, 48)
     x = torch.randn(19, 32)
     out = PackedLinear(linear)(x)
     assert out.shape == (19, 48) and torch.allclose(out, linear(x), atol=1e-5)
+
+
+def test_a_packed_linears_rows_come_out_the_same_at_every_row_count_it_is_padded_to():
+    """Float32 greedy speculation is exact only if a request's logits do not depend on what shares its pass: each row
+    must come out bitwise as it does alone, at the counts of every band (`ROW_BANDS`) and padded to them."""
+    from engine.models.llama import PackedLinear, padded_rows
+
+    torch.manual_seed(0)
+    linear = PackedLinear(torch.nn.Linear(384, 1024, bias=False))
+    x = torch.randn(300, 384)
+    alone = torch.cat([linear.multiply(x[i : i + 1]) for i in range(300)])
+    for rows in (17, 33, 64, 65, 80, 96, 200, 257, 300):
+        assert torch.equal(linear(x[:rows]), alone[:rows]), (rows, padded_rows(rows))
 
 
 def test_packed_linears_are_touched_once_per_row_count_in_a_process(monkeypatch):
