@@ -1,0 +1,142 @@
+"""What does each drafted token cost at one load, and does the adaptive policy's cost fit know? Ours only (CPU or GPU).
+
+The adaptive policy picks k from a linear step-cost fit (policies/cost_model.py) learned from the steps its own plans
+made. Sitting mostly at one k, those steps cannot tell a fed token's cost from verifying's fixed cost, nor a draft
+pass's from a round's, and the fit's guess decides k (docs/goodput-guard.md, s52, s68, s76, s77). This measures the
+truth at one load: ``--concurrency`` long requests (the sweep cell's prompts, ``ignore_eos``) decode steadily on one
+engine per uniform draft k = 0..``--max-k`` (0: plain decode) and on one adaptive engine, all stepped in turn so a
+drifting VM's pace reaches each alike. Per k it reports the median full-batch step without prefill (whole, target
+pass, draft passes), the tokens a step emitted and their rate; beside them, what the adaptive engine's fit predicts
+for that uniform k at its learned acceptance, and which k its plans chose::
+
+    taskset -c 0 .venv/bin/python -m bench.k_costs --workload prose --temperature 0.7 --concurrency 16
+
+Where the predicted rates rank the k's unlike the measured ones, the plan drafts the wrong k however well it solves.
+
+What it found (2026-12-06, a 2-core Intel Xeon, model 207, prose T = 0.7, 16 requests, 150 steps an engine, rows
+then rounded to 32 above 64; docs/goodput-guard.md, s77): steps grow linearly, ~4.5 ms of target pass per 16 fed
+tokens (k = 4: 8.8, its 80 rows run at 96) and ~3.5 ms a draft pass, with next to no fixed cost of verifying or of a
+round; k = 2 emitted the most tokens a second (1.145x plain decode; k = 1 1.11x, k = 3 1.09x, k = 4 0.93x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+
+import torch
+
+from bench.common import save, save_plot, set_policy, table
+from bench.policy_sweep import cell_traffic, sweep_engine
+from bench.prompts import PROSE, code_prompts
+from engine.engine import LLMEngine
+from engine.types import SamplingParams
+from policies.base import StepTiming
+from policies.cost_model import DraftPlan
+from policies.goodput import expected_tokens
+
+ADAPTIVE = "adaptive"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=("code", "prose"), default="prose")
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--max-k", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=150, help="steps each engine takes; the first 10 are not counted")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--output", default=None, help="name of the JSON and PNG in bench/results/")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    n, temperature = args.concurrency, args.temperature
+    source = sweep_engine(args.dtype, args.device)
+    engines: dict[str | int, LLMEngine] = {}
+    for k in [*range(args.max_k + 1), ADAPTIVE]:
+        engines[k] = sweep_engine(args.dtype, args.device, weights_from=source)
+        mode = {"mode": "auto"} if k == ADAPTIVE else {"mode": "off"} if k == 0 else {"mode": "draft", "k": k}
+        set_policy(engines[k], **mode)
+    texts = PROSE if args.workload == "prose" else code_prompts(n, max_chars=500)
+    prompts, _ = cell_traffic(source.tokenizer, texts, n, temperature, 48, 0.5)
+    steps = {name: record_steps(engine) for name, engine in engines.items()}
+    for name, engine in engines.items():
+        for i, ids in enumerate(prompts):
+            room = engine.max_seq_len - len(ids)  # k = 4 takes up to 5 tokens a step: 150 steps fit
+            engine.add_request(f"k-costs-{name}-{i}", ids,
+                               SamplingParams(max_tokens=room, temperature=temperature, ignore_eos=True))
+    for _ in range(args.steps):
+        for engine in engines.values():
+            engine.step()
+    adaptive = engines[ADAPTIVE].policy
+    fit = adaptive._learned.cost_model.coefficients()
+    alpha, lead = adaptive._learned.acceptance.by_position("", "draft", temperature)
+    rows = []
+    for k in range(args.max_k + 1):
+        measured = steady(steps[k], n)
+        predicted_seconds = fit.step_seconds(n, n * (k + 1), DraftPlan(k, n) if k else None, verifies=k > 0)
+        rows.append({"k": k, "steps": len(measured),
+                     "step_ms": 1e3 * statistics.median(t.step_seconds for t in measured),
+                     "target_ms": 1e3 * statistics.median(t.target_seconds for t in measured),
+                     "draft_ms": 1e3 * statistics.median(t.draft_seconds for t in measured),
+                     "tokens_per_step": statistics.mean(t.num_generated for t in measured),
+                     "predicted_ms": 1e3 * predicted_seconds,
+                     "predicted_tokens_per_step": n * expected_tokens(alpha, k, lead)})
+    for row in rows:
+        row["tok_s"] = 1e3 * row["tokens_per_step"] / row["step_ms"]
+        row["vs_plain"] = row["tok_s"] / rows[0]["tok_s"]
+        row["predicted_vs_plain"] = (row["predicted_tokens_per_step"] / row["predicted_ms"]) / (
+            rows[0]["predicted_tokens_per_step"] / rows[0]["predicted_ms"])
+    chosen = adaptive.stats()["chosen_k"]["histogram"]
+    print(table(rows, list(rows[0])))
+    print(f"adaptive: request-steps per chosen k {chosen}; its fit {fit}; draft alpha {alpha:.3f}, lead {lead:.2f}")
+    best, believed = (max(rows, key=lambda row: row[key])["k"] for key in ("vs_plain", "predicted_vs_plain"))
+    print(f"best measured k = {best}; the fit's best k = {believed}")
+    output = args.output or f"k_costs_{args.workload}_t{args.temperature:g}_c{n}".replace(".", "")
+    save(output, {"args": vars(args), "rows": rows, "adaptive_chosen_k": chosen, "fit": vars(fit),
+                  "alpha": alpha, "lead": lead})
+    plot(rows, output, f"{args.workload}, T = {temperature:g}, {n} requests")
+
+
+def record_steps(engine: LLMEngine) -> list[StepTiming]:
+    """Every step timing the engine's policy observes, in order."""
+    timings: list[StepTiming] = []
+    observe = engine.policy.observe_step
+
+    def record(timing: StepTiming) -> None:
+        timings.append(timing)
+        observe(timing)
+
+    engine.policy.observe_step = record
+    return timings
+
+
+def steady(timings: list[StepTiming], batch_size: int) -> list[StepTiming]:
+    """The full-batch steps without prefill, after the first 10 (the draft model's first catch-up among them)."""
+    return [t for t in timings[10:] if t.batch_size == batch_size and not t.num_prefilling]
+
+
+def plot(rows: list[dict], output: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_key: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        for key in ("vs_plain", "predicted_vs_plain"):
+            by_key[key].append(row[key])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ks = [row["k"] for row in rows]
+    ax.plot(ks, by_key["vs_plain"], marker="o", label="measured")
+    ax.plot(ks, by_key["predicted_vs_plain"], marker="s", linestyle="--", label="adaptive's fit predicts")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set(xlabel="uniform draft k (0: plain decode)", ylabel="tokens/s over plain decode", title=title)
+    ax.legend()
+    fig.tight_layout()
+    save_plot(fig, output)
+
+
+if __name__ == "__main__":
+    main()
