@@ -13,10 +13,14 @@ for that uniform k at its learned acceptance, and which k its plans chose::
 
 Where the predicted rates rank the k's unlike the measured ones, the plan drafts the wrong k however well it solves.
 
-What it found (2026-12-06, a 2-core Intel Xeon, model 207, prose T = 0.7, 16 requests, 150 steps an engine, rows
-then rounded to 32 above 64; docs/goodput-guard.md, s77): steps grow linearly, ~4.5 ms of target pass per 16 fed
-tokens (k = 4: 8.8, its 80 rows run at 96) and ~3.5 ms a draft pass, with next to no fixed cost of verifying or of a
-round; k = 2 emitted the most tokens a second (1.145x plain decode; k = 1 1.11x, k = 3 1.09x, k = 4 0.93x).
+What it found (2026-12-06, a 2-core Intel Xeon, model 207, prose T = 0.7, 16 requests, 150 steps an engine;
+docs/goodput-guard.md, s77). With rows rounded to 32 above 64 (a `/tmp` run): ~4.5 ms of target pass per 16 fed
+tokens (k = 4: 8.8, its 80 rows run at 96) and ~3.5 ms a draft pass, next to no fixed cost of verifying or of a
+round; k = 2 1.145x plain decode, k = 1 1.11x, k = 3 1.09x, k = 4 0.93x. With rows rounded to 8
+(``k_costs_prose_t07_c16.json``): the target pass 13.6, 18.6, 23.5, 28.8 and 35.0 ms at k = 0-4, k = 2 1.11x plain
+decode, k = 1 1.09x, k = 3 1.06x, k = 4 0.96x. The adaptive engine drafted k = 2 in 88% of its request-steps, but
+its fit (c = 0.23 ms a fed token where the passes grew by 0.31-0.39) predicted 1.32x at k = 2 and 1.31x and 1.27x at
+k = 3 and 4: a curve that flat leaves k to the fit's noise.
 """
 
 from __future__ import annotations
