@@ -74,8 +74,8 @@ def main() -> None:
         for engine in engines.values():
             engine.step()
     adaptive = engines[ADAPTIVE].policy
-    fit = adaptive._learned.cost_model.coefficients()
-    alpha, lead = adaptive._learned.acceptance.by_position("", "draft", temperature)
+    fit = adaptive.learned.cost_model.coefficients()
+    alpha, lead = adaptive.learned.acceptance.by_position("", "draft", temperature)
     rows = []
     for k in range(args.max_k + 1):
         measured = steady(steps[k], n)

@@ -65,6 +65,12 @@ class PolicyController:
         return self._settings
 
     @property
+    def learned(self) -> LearnedState:
+        """What every policy of this controller learns from (acceptance, step costs, the guard's figures): for
+        diagnostics to read (bench/k_costs.py), not to change between steps."""
+        return self._learned
+
+    @property
     def pending_settings(self) -> PolicySettings | None:
         return self._pending
 
