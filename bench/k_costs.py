@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections import defaultdict
 
 import torch
 
 from bench.common import save, save_plot, set_policy, table
+from bench.guard_check import record
 from bench.policy_sweep import cell_traffic, sweep_engine
 from bench.prompts import PROSE, code_prompts
 from engine.engine import LLMEngine
@@ -64,8 +64,9 @@ def main() -> None:
         set_policy(engines[k], **mode)
     texts = PROSE if args.workload == "prose" else code_prompts(n, max_chars=500)
     prompts, _ = cell_traffic(source.tokenizer, texts, n, temperature, 48, 0.5)
-    steps = {name: record_steps(engine) for name, engine in engines.items()}
+    steps: list[tuple[str, StepTiming]] = []
     for name, engine in engines.items():
+        engine.policy.observe_step = record(engine.policy.observe_step, str(name), steps)
         for i, ids in enumerate(prompts):
             room = engine.max_seq_len - len(ids)  # k = 4 takes up to 5 tokens a step: 150 steps fit
             engine.add_request(f"k-costs-{name}-{i}", ids,
@@ -78,7 +79,7 @@ def main() -> None:
     alpha, lead = adaptive.learned.acceptance.by_position("", "draft", temperature)
     rows = []
     for k in range(args.max_k + 1):
-        measured = steady(steps[k], n)
+        measured = steady([timing for name, timing in steps if name == str(k)], n)
         predicted_seconds = fit.step_seconds(n, n * (k + 1), DraftPlan(k, n) if k else None, verifies=k > 0)
         rows.append({"k": k, "steps": len(measured),
                      "step_ms": 1e3 * statistics.median(t.step_seconds for t in measured),
@@ -103,19 +104,6 @@ def main() -> None:
     plot(rows, output, f"{args.workload}, T = {temperature:g}, {n} requests")
 
 
-def record_steps(engine: LLMEngine) -> list[StepTiming]:
-    """Every step timing the engine's policy observes, in order."""
-    timings: list[StepTiming] = []
-    observe = engine.policy.observe_step
-
-    def record(timing: StepTiming) -> None:
-        timings.append(timing)
-        observe(timing)
-
-    engine.policy.observe_step = record
-    return timings
-
-
 def steady(timings: list[StepTiming], batch_size: int) -> list[StepTiming]:
     """The full-batch steps without prefill, after the first 10 (the draft model's first catch-up among them)."""
     return [t for t in timings[10:] if t.batch_size == batch_size and not t.num_prefilling]
@@ -127,14 +115,11 @@ def plot(rows: list[dict], output: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by_key: dict[str, list[float]] = defaultdict(list)
-    for row in rows:
-        for key in ("vs_plain", "predicted_vs_plain"):
-            by_key[key].append(row[key])
     fig, ax = plt.subplots(figsize=(6, 4))
     ks = [row["k"] for row in rows]
-    ax.plot(ks, by_key["vs_plain"], marker="o", label="measured")
-    ax.plot(ks, by_key["predicted_vs_plain"], marker="s", linestyle="--", label="adaptive's fit predicts")
+    ax.plot(ks, [row["vs_plain"] for row in rows], marker="o", label="measured")
+    ax.plot(ks, [row["predicted_vs_plain"] for row in rows], marker="s", linestyle="--",
+            label="adaptive's fit predicts")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set(xlabel="uniform draft k (0: plain decode)", ylabel="tokens/s over plain decode", title=title)
     ax.legend()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.k_costs import steady
 from bench.row_bands import COARSE_BANDS
 from engine.models import llama
@@ -17,10 +19,7 @@ def test_steady_steps_are_the_full_batchs_without_prefill_after_the_first_ten() 
     assert steady([*first, full, draining, joined, full], 4) == [full, full]
 
 
-def test_the_coarse_twin_rounds_65_to_512_rows_to_32_as_before_s77() -> None:
+def test_the_coarse_twin_rounds_65_to_512_rows_to_32_as_before_s77(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [llama.padded_rows(rows) for rows in (65, 80, 255)] == [72, 80, 256]
-    bands, llama.ROW_BANDS = llama.ROW_BANDS, COARSE_BANDS
-    try:
-        assert [llama.padded_rows(rows) for rows in (64, 65, 80, 257, 513)] == [64, 96, 96, 288, 768]
-    finally:
-        llama.ROW_BANDS = bands
+    monkeypatch.setattr(llama, "ROW_BANDS", COARSE_BANDS)
+    assert [llama.padded_rows(rows) for rows in (64, 65, 80, 257, 513)] == [64, 96, 96, 288, 768]
