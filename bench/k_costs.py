@@ -3,24 +3,30 @@
 The adaptive policy picks k from a linear step-cost fit (policies/cost_model.py) learned from the steps its own plans
 made. Sitting mostly at one k, those steps cannot tell a fed token's cost from verifying's fixed cost, nor a draft
 pass's from a round's, and the fit's guess decides k (docs/goodput-guard.md, s52, s68, s76, s77). This measures the
-truth at one load: ``--concurrency`` long requests (the sweep cell's prompts, ``ignore_eos``) decode steadily on one
-engine per uniform draft k = 0..``--max-k`` (0: plain decode) and on one adaptive engine, all stepped in turn so a
-drifting VM's pace reaches each alike. Per k it reports the median full-batch step without prefill (whole, target
-pass, draft passes), the tokens a step emitted and their rate; beside them, what the adaptive engine's fit predicts
-for that uniform k at its learned acceptance, and which k its plans chose::
+truth at one load: ``--concurrency`` clients (the sweep cell's prompts and output lengths, ``ignore_eos``; a client
+whose request finished asks again) decode on one engine per uniform draft k = 0..``--max-k`` (0: plain decode) and on
+one adaptive engine, all stepped in turn so a drifting VM's pace reaches each alike. Per k it reports the median
+full-batch step that no request joined (whole, target pass, draft passes), the tokens a step emitted and their rate;
+beside them, what the adaptive engine's fit predicts for that uniform k at its learned acceptance, and which k its
+plans chose::
 
     taskset -c 0 .venv/bin/python -m bench.k_costs --workload prose --temperature 0.7 --concurrency 16
 
 Where the predicted rates rank the k's unlike the measured ones, the plan drafts the wrong k however well it solves.
 
-What it found (2026-12-06, a 2-core Intel Xeon, model 207, prose T = 0.7, 16 requests, 150 steps an engine;
-docs/goodput-guard.md, s77). With rows rounded to 32 above 64 (a `/tmp` run): ~4.5 ms of target pass per 16 fed
-tokens (k = 4: 8.8, its 80 rows run at 96) and ~3.5 ms a draft pass, next to no fixed cost of verifying or of a
-round; k = 2 1.145x plain decode, k = 1 1.11x, k = 3 1.09x, k = 4 0.93x. With rows rounded to 8
-(``k_costs_prose_t07_c16.json``): the target pass 13.6, 18.6, 23.5, 28.8 and 35.0 ms at k = 0-4, k = 2 1.11x plain
-decode, k = 1 1.09x, k = 3 1.06x, k = 4 0.96x. The adaptive engine drafted k = 2 in 88% of its request-steps, but
-its fit (c = 0.23 ms a fed token where the passes grew by 0.31-0.39) predicted 1.32x at k = 2 and 1.31x and 1.27x at
-k = 3 and 4: a curve that flat leaves k to the fit's noise.
+Requests of the sweep's lengths, not endless ones: a step's cost grows with its requests' contexts (attention reads
+every cached token), and each engine's contexts grew at its own k's pace. At 16 prose requests, T = 0.7, plain steps
+of one engine took 11.5 ms at first and ~29 ms 360 steps later; over s77's 150 steps of endless requests a k = 4
+engine's contexts grew ~3.5x as fast as plain decode's, so its steps were measured at longer contexts (and with
+them, KV reads that verification shares among a request's k + 1 rows).
+
+What it found (2026-12-06, a 2-core Intel Xeon, model 207; docs/goodput-guard.md, s77, s78). With endless requests
+(s77, ``k_costs_prose_t07_c16.json``, prose T = 0.7, 16 requests, 150 steps): k = 2 1.11x plain decode, k = 1 1.09x,
+k = 3 1.06x, k = 4 0.96x, and a fit predicting 1.32x, 1.31x, 1.27x at k = 2-4. With the sweep's lengths (s78, 300
+steps; ``s78_k_costs_*``): prose T = 0.7, 16 requests: k = 1-2 1.00-1.01x plain decode, k = 3 0.97x, k = 4 0.88x, the
+fit 1.08x, 1.09x, 1.06x, 1.00x (its plans decoded plainly in 77% of request-steps); code T = 0.7, 8 requests: k = 1-3
+1.17x, 1.18x, 1.15x, k = 4 1.10x, k = 5 1.05x, the fit 1.17x, 1.22x, 1.21x, 1.18x, 1.13x. Both fits put the best k
+where the clock did (k = 2), 4-8% above the measured gain: they price speculative steps a few percent too cheap.
 """
 
 from __future__ import annotations
@@ -35,7 +41,6 @@ from bench.guard_check import record
 from bench.policy_sweep import cell_traffic, sweep_engine
 from bench.prompts import PROSE, code_prompts
 from engine.engine import LLMEngine
-from engine.types import SamplingParams
 from policies.base import StepTiming
 from policies.cost_model import DraftPlan
 from policies.goodput import expected_tokens
@@ -49,7 +54,9 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--max-k", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=150, help="steps each engine takes; the first 10 are not counted")
+    ap.add_argument("--steps", type=int, default=300, help="steps each engine takes; the first 10 are not counted")
+    ap.add_argument("--new-tokens", type=int, default=48,
+                    help="mean max_tokens of the requests (the sweep's); a finished request's client asks again")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--output", default=None, help="name of the JSON and PNG in bench/results/")
@@ -63,17 +70,18 @@ def main() -> None:
         mode = {"mode": "auto"} if k == ADAPTIVE else {"mode": "off"} if k == 0 else {"mode": "draft", "k": k}
         set_policy(engines[k], **mode)
     texts = PROSE if args.workload == "prose" else code_prompts(n, max_chars=500)
-    prompts, _ = cell_traffic(source.tokenizer, texts, n, temperature, 48, 0.5)
+    prompts, params = cell_traffic(source.tokenizer, texts, n, temperature, args.new_tokens, 0.5)
     steps: list[tuple[str, StepTiming]] = []
     for name, engine in engines.items():
         engine.policy.observe_step = record(engine.policy.observe_step, str(name), steps)
-        for i, ids in enumerate(prompts):
-            room = engine.max_seq_len - len(ids)  # k = 4 takes up to 5 tokens a step: 150 steps fit
-            engine.add_request(f"k-costs-{name}-{i}", ids,
-                               SamplingParams(max_tokens=room, temperature=temperature, ignore_eos=True))
+        for client in range(n):
+            engine.add_request(request_id(name, client, 0), prompts[client], params[client])
     for _ in range(args.steps):
-        for engine in engines.values():
-            engine.step()
+        for name, engine in engines.items():
+            for output in engine.step():
+                if output.finished:  # its client asks again: contexts stay as long as the sweep's
+                    client, run = client_and_run(output.request_id)
+                    engine.add_request(request_id(name, client, run + 1), prompts[client], params[client])
     adaptive = engines[ADAPTIVE].policy
     fit = adaptive.learned.cost_model.coefficients()
     alpha, lead = adaptive.learned.acceptance.by_position("", "draft", temperature)
@@ -104,8 +112,19 @@ def main() -> None:
     plot(rows, output, f"{args.workload}, T = {temperature:g}, {n} requests")
 
 
+def request_id(engine: str | int, client: int, run: int) -> str:
+    return f"k-costs-{engine}-{client}-{run}"
+
+
+def client_and_run(request_id: str) -> tuple[int, int]:
+    """The client that sent a `request_id` and which of its requests it was."""
+    client, run = request_id.rsplit("-", 2)[1:]
+    return int(client), int(run)
+
+
 def steady(timings: list[StepTiming], batch_size: int) -> list[StepTiming]:
-    """The full-batch steps without prefill, after the first 10 (the draft model's first catch-up among them)."""
+    """The full-batch steps without prefill, after the first 10 (the draft model's first catch-up among them): those
+    that no request joined (a joining request's step feeds its prompt)."""
     return [t for t in timings[10:] if t.batch_size == batch_size and not t.num_prefilling]
 
 
