@@ -20,12 +20,12 @@ of one engine took 11.5 ms at first and ~29 ms 360 steps later; over s77's 150 s
 engine's contexts grew ~3.5x as fast as plain decode's, so its steps were measured at longer contexts (and with
 them, KV reads that verification shares among a request's k + 1 rows).
 
-What it found (2026-12-06, a 2-core Intel Xeon, model 207; docs/goodput-guard.md, s77, s78). With endless requests
-(s77, ``k_costs_prose_t07_c16.json``, prose T = 0.7, 16 requests, 150 steps): k = 2 1.11x plain decode, k = 1 1.09x,
-k = 3 1.06x, k = 4 0.96x, and a fit predicting 1.32x, 1.31x, 1.27x at k = 2-4. With the sweep's lengths (s78, 300
-steps; ``s78_k_costs_*``): prose T = 0.7, 16 requests: k = 1-2 1.00-1.01x plain decode, k = 3 0.97x, k = 4 0.88x, the
-fit 1.08x, 1.09x, 1.06x, 1.00x (its plans decoded plainly in 77% of request-steps); code T = 0.7, 8 requests: k = 1-3
-1.17x, 1.18x, 1.15x, k = 4 1.10x, k = 5 1.05x, the fit 1.17x, 1.22x, 1.21x, 1.18x, 1.13x. Both fits put the best k
+What it found (2026-12-06; docs/goodput-guard.md, s77, s78). With endless requests (s77, a 2-core Intel Xeon, model 207;
+``k_costs_prose_t07_c16.json``, prose T = 0.7, 16 requests, 150 steps): k = 2 1.11x plain decode, k = 1 1.09x, k = 3
+1.06x, k = 4 0.96x, and a fit predicting 1.32x, 1.31x, 1.27x at k = 2-4. With the sweep's lengths (s78, a 2-core AMD Zen
+4, 300 steps; ``s78_k_costs_*``): prose T = 0.7, 16 requests: k = 1-2 1.00-1.01x plain decode, k = 3 0.97x, k = 4 0.88x,
+the fit 1.08x, 1.09x, 1.06x, 1.00x (its plans decoded plainly in 77% of request-steps); code T = 0.7, 8 requests: k =
+1-3 1.17x, 1.18x, 1.15x, k = 4 1.10x, k = 5 1.05x, the fit 1.17x, 1.22x, 1.21x, 1.18x, 1.13x. Both fits put the best k
 where the clock did (k = 2), 4-8% above the measured gain: they price speculative steps a few percent too cheap.
 """
 
