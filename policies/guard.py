@@ -14,8 +14,8 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
 - A trial from 17 requests on (`TRIAL_BUCKET`, policies/guard_trial.py): there a figure over its bar is taken up
   only once windows of plain steps and of steps that may speculate, in turns, side by side, read speculation
   1 + ``TRIAL_GAIN`` times as fast; paired plain figures strayed by up to 10% for whole runs there. A lost trial is
-  a rejection like any. From 9 requests on (`REJECTION_TRIAL_BUCKET`), a figure that reads a loss rejects only on a
-  trial too: there a 12-step figure can read 0.7-0.9x plain decode where sustained speculation wins by 10%.
+  a rejection like any. From 3 requests on (`REJECTION_TRIAL_BUCKET`), a figure that reads a loss rejects only on a
+  trial too: there a 12-24-step figure can read 0.7-0.98x plain decode where sustained speculation wins by 10-19%.
 - Enough steps: no verdict before ``MIN_SPECULATIVE_SAMPLES`` speculative steps; a near miss (from
   ``NEAR_MISS``) rejects only on ``SURE_SAMPLES``.
 - Like with like: speculation is compared with plain decode at its own mix of batch sizes, each of its
@@ -431,7 +431,7 @@ class GoodputGuard:
         return ("speculate" if left > 0 else "rejected"), verdict
 
     def _probe_loss(self, key: tuple[int, int, str]) -> float | None:
-        """What a probe burst of rejected speculation costs, in plain steps, as measured: the burst, and from 9
+        """What a probe burst of rejected speculation costs, in plain steps, as measured: the burst, and from 3
         requests on the trial it leads to where the trial is lost (a burst's figure that reads a loss is tried
         before it rejects; from 17 requests on one that reads a win too). A lost trial's speculative arm runs 32 steps
         to a burst's 12 measured ones: there most of what a burst costs is the trial after it."""

@@ -8,7 +8,7 @@ A trial needs no pairing: before a figure over its bar is taken up there, the gu
 at the same pace of the host, each step counted whole (the draft model's catch-ups are the speculative arm's), but
 for the switch into speculation: where a speculative window's first drafting step makes the draft model catch up on
 the tokens the plain window decoded, the cost model's price of those is taken off (`Trial.add`).
-From 9 requests on, a figure that reads a loss is tried the same way before it rejects speculation: a false rejection
+From 3 requests on, a figure that reads a loss is tried the same way before it rejects speculation: a false rejection
 stands for long (its probes come the rarer the more it lost), and a trial where speculation does lose costs about half
 its speculative steps' loss, once per measurement that rejects.
 
@@ -23,10 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 TRIAL_BUCKET = 5  # from this batch-size bucket (17-32 requests) on, speculation is taken up only on a trial
-# from this bucket (9-16 requests) on, a figure that reads a loss rejects speculation only on a trial too: there a
-# 12-step figure read 0.71x plain decode where sustained fixed draft k = 2 ran 1.10x `off`, and 0.88x where it ran
-# 1.12x (s71, 16 prose clients T = 0, 32 code clients T = 1), and the rejections stood for the rest of the runs
-REJECTION_TRIAL_BUCKET = 4
+# from this bucket (3-4 requests) on, a figure that reads a loss rejects speculation only on a trial too: a 12-step
+# figure read 0.71x plain decode where sustained fixed draft k = 2 ran 1.10x `off`, and 0.88x where it ran 1.12x (s71,
+# 16 prose clients T = 0, 32 code clients T = 1), a 24-step one 0.98x where it ran 1.19x (s78, 8 prose clients T = 1),
+# and the rejections stood for the rest of the runs. At 3-8 requests speculation ran 1.14-1.29x `off` in every cell
+# of the sweep on a CPU (s78), so a rejection there is most likely false, and a trial costs little where it is not.
+# At 1-2 requests figures gain 1.5-2x: a short one that reads a loss has not been met
+REJECTION_TRIAL_BUCKET = 2
 TRIAL_WINDOW = 4  # steps in a row per arm: the draft model catches up once a window, not once a step
 TRIAL_STEPS = 32  # measured steps per arm before the trial's verdict
 TRIAL_GAIN = 0.025  # speculation's arm must beat the plain one by this much: a trial's ratio is noisy too

@@ -17,6 +17,6 @@ def policy_work_takes_no_time(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def without_trials(monkeypatch: pytest.MonkeyPatch) -> None:
-    """For tests of the guard's other rules from 9 requests on: there a trial would route the steps first."""
+    """For tests of the guard's other rules from 3 requests on: there a trial would route the steps first."""
     monkeypatch.setattr("policies.guard.TRIAL_BUCKET", 99)
     monkeypatch.setattr("policies.guard.REJECTION_TRIAL_BUCKET", 99)

@@ -124,6 +124,7 @@ def test_steps_the_guard_vetoes_extend_the_plain_streak() -> None:
     assert 16 + 25 < len(asked) < 16 + 80
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_every_step_of_a_probe_burst_is_planned() -> None:
     """A probe of rejected speculation measures what the plan does with it: plain steps that plan sampling
     skipped the plan for would leave the probe without speculative steps. The model here predicts speculation at

@@ -172,11 +172,14 @@ def test_from_17_requests_a_take_up_waits_for_a_trial_of_plain_and_speculative_w
                                                            "steps": [TRIAL_STEPS, TRIAL_STEPS]}
 
 
-@pytest.mark.parametrize(("batch", "spec_tokens", "taken_up"), [(16, 18, True), (16, 14, False), (32, 36, True)])
-def test_from_9_requests_a_figure_that_reads_a_loss_rejects_only_on_a_trial(
+@pytest.mark.parametrize(("batch", "spec_tokens", "taken_up"),
+                         [(4, 4.6, True), (8, 9.2, True), (8, 7, False), (16, 18, True), (16, 14, False),
+                          (32, 36, True)])
+def test_from_3_requests_a_figure_that_reads_a_loss_rejects_only_on_a_trial(
         batch: int, spec_tokens: float, taken_up: bool) -> None:
-    """A 12-step figure read 0.71x plain decode where sustained speculation ran 1.10x `off`, and the rejection stood
-    for runs: there the arms run in turns before speculation is rejected, and a trial it wins takes it up."""
+    """A 12-step figure read 0.71x plain decode where sustained speculation ran 1.10x `off` (16 requests), a 24-step one
+    0.98x where it ran 1.19x (8 requests), and the rejections stood for runs: there the arms run in turns before
+    speculation is rejected, and a trial it wins takes it up."""
     guard = GoodputGuard()
     rng = random.Random(0)
     for _ in range(SAMPLES):
@@ -186,10 +189,10 @@ def test_from_9_requests_a_figure_that_reads_a_loss_rejects_only_on_a_trial(
     assert arms == [i // TRIAL_WINDOW % 2 == 1 for i in range(2 * TRIAL_STEPS)]
     verdicts = ["draft" in guard.allowed_proposers(batch, 0.0, rng, 0.0) for _ in range(50)]
     assert verdicts == [taken_up] * 50
-    for _ in range(SAMPLES):  # a figure below 9 requests still rejects alone
-        guard.observe(step(8, False, 8, 0.010))
-        guard.observe(step(8, True, 5.6, 0.010))
-    assert not any("draft" in guard.allowed_proposers(8, 0.0, rng, 0.0) for _ in range(50))
+    for _ in range(SAMPLES):  # a figure below 3 requests still rejects alone
+        guard.observe(step(2, False, 2, 0.010))
+        guard.observe(step(2, True, 1.4, 0.010))
+    assert not any("draft" in guard.allowed_proposers(2, 0.0, rng, 0.0) for _ in range(50))
 
 
 def test_a_lost_trial_stands_until_a_probe_measures_speculation_again() -> None:
@@ -466,6 +469,7 @@ def test_settings_validate_the_guard_fields() -> None:
         PolicySettings.from_dict({"guard_probe_rate": 1.5})
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_probe_of_rejected_speculation_is_a_burst_of_steps() -> None:
     """A probe lasts until it has measured PROBE_BURST speculative steps (sustained speculation, not one step),
     beside the plan's plain steps, at most PROBE_LIMIT steps."""
@@ -491,6 +495,7 @@ def test_a_probe_of_rejected_speculation_is_a_burst_of_steps() -> None:
     assert sum("draft" in unmeasured.allowed_proposers(8, 0.0, rng, 0.0) for _ in range(100)) == PROBE_LIMIT - 1
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_probe_does_not_measure_the_catch_up_its_rejection_caused() -> None:
     """Its first speculative step catches the draft model up on everything the requests decoded plainly while
     speculation was rejected: sunk by then, and a cost sustained speculation does not pay. Charged to 12 steps
@@ -508,6 +513,7 @@ def test_a_probe_does_not_measure_the_catch_up_its_rejection_caused() -> None:
     assert guard.summary()[0]["speculative"]["draft"]["T=0"]["tokens_per_s"] == pytest.approx(500.0)
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_rejection_no_probe_confirmed_is_probed_soon() -> None:
     """Sustained speculation can turn to a loss on a transient (four requests arriving at once make the draft
     model prefill four prompts in one step); such a rejection is probed at MAX_PROBE_BOOST times the rate, and
@@ -688,6 +694,7 @@ def test_an_untried_draft_route_does_not_let_the_plan_run_a_rejected_n_gram_rout
     assert winning.allowed_proposers(32, 0.0, rng, 0.0) == ALL_PROPOSERS
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_adaptive_policy_speculates_with_n_grams_only_where_the_draft_model_lost() -> None:
     policy = AdaptivePolicy(PolicySettings(guard_probe_rate=0.0, verify_cost_coefficients=CHEAP_TOKENS))
     for _ in range(SAMPLES):
@@ -734,6 +741,7 @@ def test_the_switch_into_speculation_is_left_out_of_its_first_figure() -> None:
     assert guard.summary()[0]["speculative"]["draft"]["T=0"]["steps"] == SAMPLES + 1
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_near_miss_rejects_speculation_only_on_more_steps() -> None:
     """Twelve steps, one of them the switch from plain decode, cannot tell 0.95x from 1.1x: a first contact at
     batch 4 measured 0.94x and decoded plainly for two runs while speculation was 1.2x faster."""
@@ -761,6 +769,7 @@ def test_a_near_miss_rejects_speculation_only_on_more_steps() -> None:
     assert allowed_fraction(bad, 4, 0.0) == 0.0
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_winning_speculation_is_rejected_only_below_break_even() -> None:
     """Speculation must beat plain decode by REQUIRED_GAIN to be taken up, but once taken it is kept down to
     break-even: at 8 code requests, T = 0.7, sustained speculation read 0.97-1.15x plain decode around ~1.1x,
@@ -790,6 +799,7 @@ def test_winning_speculation_is_rejected_only_below_break_even() -> None:
     assert allowed_fraction(guard, 8, 0.0) == 0.0
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_win_that_falls_is_measured_again_at_once_before_it_is_rejected() -> None:
     """A winning figure that falls under break-even takes a plain step (plain decode as it runs now), then a burst
     that measures speculation afresh: at 8 prose requests, T = 1, a figure fell from 1.23x plain decode to 0.99x,
@@ -811,6 +821,7 @@ def test_a_win_that_falls_is_measured_again_at_once_before_it_is_rejected() -> N
     assert allowed_fraction(guard, 8, 0.0) == 1.0
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_probe_measures_speculation_afresh() -> None:
     """Speculation rejected on its early steps (short drafts from a cautious prior) is re-judged on the
     probe's own steps, not on an average that still holds the old ones."""
@@ -827,6 +838,7 @@ def test_a_probe_measures_speculation_afresh() -> None:
     assert allowed_fraction(guard, 4, 0.0) == 1.0
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_rejection_is_measured_again_once_plain_decode_changed_pace() -> None:
     """Rejected speculation measured under other traffic (plain steps then took 10 ms) is probed at once when
     plain decode runs over REGIME_SHIFT faster or slower, not judged by its stale figure against fresh plain steps."""
@@ -847,6 +859,7 @@ def test_a_rejection_is_measured_again_once_plain_decode_changed_pace() -> None:
     assert allowed_fraction(guard, 4, 0.0) == 1.0
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_change_of_pace_reopens_a_rejection_for_one_burst() -> None:
     """A burst that measured nothing (the plan, say, never used the draft model there) does not start another at
     once: the rejection stands again until plain decode's pace moves once more."""
@@ -943,6 +956,7 @@ def test_plain_decode_measured_late_may_reject_a_figure_paired_with_stand_ins_bu
     assert allowed_fraction(guard, 32, 0.05, speculative=win, plain=step(32, False, 32, 0.0332)) > 0.9
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_the_evidence_on_speculation_the_plan_may_be_overruled_by() -> None:
     """The draft route's measurements: untried (and not lost at a smaller batch) or a near miss on too few
     steps ask for measurement; a winning verdict says it wins; a settled loss says nothing."""
@@ -1005,6 +1019,7 @@ def test_a_begun_first_figure_binds_only_while_the_batch_stays_at_its_bucket() -
     assert not guard.decline_measurement(8, 0.0) and guard.measuring_draft(8, 0.0)
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_declined_probe_ends_only_before_its_first_speculative_step() -> None:
     """The plan may decline a probe burst (its model predicts speculation far below plain decode): one that has
     not speculated yet ends unmeasured; one whose draft model already caught up goes on measuring. A rejection's
@@ -1043,6 +1058,7 @@ def rejected_at_4() -> GoodputGuard:
     return guard
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_an_inherited_rejection_is_measured_before_the_plan_may_decline_its_probes() -> None:
     """An untried bucket inherits a rejection from a smaller one; a model declining its probes is no evidence, so
     its bursts may not be declined until one has measured the bucket (a noisy loss at 4 code requests, T = 1,
@@ -1205,6 +1221,7 @@ def test_what_joining_prompts_cost_restarts_from_a_sample_after_fresh_seconds() 
     assert guard._speculative[(batch_bucket(24), 0, "draft")].seconds == pytest.approx(0.040, abs=1e-5)
 
 
+@pytest.mark.usefixtures("without_trials")
 def test_a_rejection_that_a_fallen_wins_remeasurement_made_is_confirmed_like_any() -> None:
     """A win that falls is measured again at once; should that reject it, the re-measurement was no probe of the
     rejection, so the rejection's first burst is still to come, boosted, and the plan may not decline it (at 16
