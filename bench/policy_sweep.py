@@ -91,6 +91,7 @@ VARIANTS = {
     "adaptive (plan share 0.5%)": {"mode": "auto", "max_planning_share": 0.005},  # fewer plans at 1-8 clients?
     "adaptive (no k probes)": {"mode": "auto", "k_probe_rate": 0.0},  # does the cost fit need steps of two k's?
     "adaptive (k probes 1/4)": {"mode": "auto", "k_probe_rate": 0.25},  # do more of them tell c from g?
+    "adaptive (no exploration)": {"mode": "auto", "exploration_rate": 0.0},  # what do k = 0 requests' probes cost?
 }
 TWIN, TWIN_OF = "draft k=2 (twin)", "draft k=2"
 OFF_TWIN = "off (twin)"  # a copy of ``off``: the noise control of the ">= 1.0x off" target
