@@ -72,7 +72,7 @@ class Figure:
     catching_up: bool = False  # draft-route probes: the first speculative step (the draft's catch-up) is still due
     confirming: bool = False  # probes: the first of a rejection, which the plan may not decline
     loss: float = 0.0  # probes: plain steps their burst lost so far against plain decode (`_charge_probes`)
-    trial: Trial | None = None  # speculative arms from 9 requests on: the trial of their take-up or rejection
+    trial: Trial | None = None  # speculative arms: the trial of a rejection (from 3 requests) or take-up (from 17)
     sampled_at_move: int = 0  # speculative arms: the guard's count of bucket moves at their latest step
 
     def add(self, tokens: float, seconds: float, batch_size: int, plain_seconds: float | None = None,
