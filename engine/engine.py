@@ -9,6 +9,7 @@ decodes (k = 0: one token) and verifications (k >= 1: last token + k drafts).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import random
 import time
@@ -59,6 +60,18 @@ def context_length_error(max_len: int, prompt: int, completion: int) -> ContextL
         "Please reduce the length of the messages or completion.",
         param="messages",
     )
+
+
+def _freeze_long_lived_objects() -> None:
+    """Hide every object alive now from the cyclic garbage collector (`gc.freeze`, as vLLM does after startup).
+
+    After a warm-up they are the process's own (modules, the tokenizer, the models' Python objects) and live as long
+    as it does, yet each full collection walked them all: with the three engines of a sweep loaded, ~345k objects and
+    ~200 ms, a stall that fell on whichever step allocated at the time (one in a run of ~200 steps of 32 requests cost
+    that run 4%). Frozen, a full collection walks only what serving has made since. The objects are still freed by
+    reference counting; only cycles among them would stay."""
+    gc.collect()
+    gc.freeze()
 
 
 def _check_same_weights(config: EngineConfig, other: EngineConfig) -> None:
@@ -146,6 +159,7 @@ class LLMEngine:
         self.policy.apply_pending()
         self.policy.forget_learned()
         self.stats = SpecDecodeStats()
+        _freeze_long_lived_objects()
 
     def _load_runner(self, path, model: LlamaModel | None = None, int8: bool = False) -> ModelRunner:
         """A model (``model``, already loaded, or the checkpoint at ``path``, its linears int8 with ``int8``) with a KV

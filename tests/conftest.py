@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -41,6 +42,15 @@ def save_random_llama(path: Path, **overrides) -> Path:
     model = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
     model.save_pretrained(path, safe_serialization=True)
     return path
+
+
+@pytest.fixture(autouse=True)
+def _collectable_engines():
+    """An engine's warm-up freezes every object then alive out of the collector's sight (engine/engine.py), as a
+    server wants; a test process builds hundreds of engines, so after each test its frozen objects, the engines
+    among them, are handed back to the collector."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="session")
