@@ -16,6 +16,7 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
   1 + ``TRIAL_GAIN`` times as fast; paired plain figures strayed by up to 10% for whole runs there. A lost trial is
   a rejection like any. From 3 requests on (`REJECTION_TRIAL_BUCKET`), a figure that reads a loss rejects only on a
   trial too: there a 12-24-step figure can read 0.7-0.98x plain decode where sustained speculation wins by 10-19%.
+  Below 17 requests that trial is won at break-even, and a won one drops the figure (`Trial.rejection`).
 - Enough steps: no verdict before ``MIN_SPECULATIVE_SAMPLES`` speculative steps; a near miss (from
   ``NEAR_MISS``) rejects only on ``SURE_SAMPLES``.
 - Like with like: speculation is compared with plain decode at its own mix of batch sizes, each of its
@@ -206,6 +207,10 @@ class GoodputGuard:
             trial.add(speculative_arm, timing.num_prefill_tokens, timing.step_seconds,
                       max(0, timing.num_generated - timing.num_prefilling),  # less the joining requests' first tokens
                       timing.num_draft_catch_up_tokens, self.catch_up_token_seconds())
+            if trial.done and trial.won and trial.rejection:
+                # the figure that read the loss is dropped: speculation goes on, measured afresh, and holds down to
+                # break-even (kept, the figure fell the trial's win at once, and a trial of its loss began again)
+                self._speculative[key] = Figure(winning=True, trial=trial, sampled_at_move=self._bucket_moves)
             if trial.done and not trial.won:
                 spec.probed = True  # the trial measured it afresh: its rejection is probed at the usual rate
                 average_in(self._trial_loss, key, trial.loss)  # a cost of the burst that led to it (`_probe_loss`)
@@ -373,7 +378,8 @@ class GoodputGuard:
         verdict, ratio = self._judge(*key)
         spec = self._speculative.get(key)
         if spec is not None and not spec.winning and _tried_first(key[0], spec, verdict):
-            trial = spec.trial = spec.trial or Trial()  # policies/guard_trial.py
+            trial = spec.trial = spec.trial or Trial(  # policies/guard_trial.py
+                rejection=verdict == "decode plainly" and key[0] < TRIAL_BUCKET)
             if not trial.done:
                 if not measured:
                     return "rejected", verdict

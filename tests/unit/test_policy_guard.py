@@ -173,13 +173,14 @@ def test_from_17_requests_a_take_up_waits_for_a_trial_of_plain_and_speculative_w
 
 
 @pytest.mark.parametrize(("batch", "spec_tokens", "taken_up"),
-                         [(4, 4.6, True), (8, 9.2, True), (8, 7, False), (16, 18, True), (16, 14, False),
-                          (32, 36, True)])
+                         [(4, 4.6, True), (8, 9.2, True), (8, 7, False), (16, 18, True), (16, 16.2, True),
+                          (16, 14, False), (32, 36, True), (32, 32.4, False)])
 def test_from_3_requests_a_figure_that_reads_a_loss_rejects_only_on_a_trial(
         batch: int, spec_tokens: float, taken_up: bool) -> None:
     """A 12-step figure read 0.71x plain decode where sustained speculation ran 1.10x `off` (16 requests), a 24-step one
     0.98x where it ran 1.19x (8 requests), and the rejections stood for runs: there the arms run in turns before
-    speculation is rejected, and a trial it wins takes it up."""
+    speculation is rejected, and a trial it wins takes it up: below 17 requests from break-even (1.0125x here), from
+    17 on, where a won trial is a take-up, from 1 + ``TRIAL_GAIN``."""
     guard = GoodputGuard()
     rng = random.Random(0)
     for _ in range(SAMPLES):
@@ -195,16 +196,37 @@ def test_from_3_requests_a_figure_that_reads_a_loss_rejects_only_on_a_trial(
     assert not any("draft" in guard.allowed_proposers(2, 0.0, rng, 0.0) for _ in range(50))
 
 
+def guard_with_a_losing_figure() -> tuple[GoodputGuard, tuple[int, int, str]]:
+    """A guard whose draft-route figure at 16 requests, T = 0, reads a 30% loss (its trial not begun), and the key."""
+    guard = GoodputGuard()
+    for _ in range(SAMPLES):
+        guard.observe(step(16, False, 16, 0.010))
+        guard.observe(step(16, True, 11.2, 0.010))
+    return guard, (batch_bucket(16), 0, "draft")
+
+
+def test_a_won_trial_of_a_rejection_drops_the_figure_that_read_the_loss() -> None:
+    """Kept, a figure that read a loss fell the win of the trial that tried it at once, and a trial of the same loss
+    began again: below 17 requests speculation goes on after a won trial, its figure measured afresh and held down to
+    break-even."""
+    guard, key = guard_with_a_losing_figure()
+    rng = random.Random(0)
+    plain, even = step(16, False, 16, 0.010), step(16, True, 16.2, 0.010)
+    run_trial(guard, 16, even, plain)
+    figure = guard._speculative[key]
+    assert figure.trial.won and figure.winning and figure.samples == 1  # the trial's last step, no more
+    for _ in range(3 * SAMPLES):  # at 1.0125x plain decode it holds, and no trial starts again
+        assert "draft" in guard.allowed_proposers(16, 0.0, rng, 0.0) and not guard.probing(16, 0.0)
+        guard.observe(even)
+    assert guard._speculative[key].samples == 1 + 3 * SAMPLES
+
+
 def test_a_lost_trial_stands_until_a_probe_measures_speculation_again() -> None:
     """A trial's rejection is not tried again: only a probe burst's new figure, where it reads a loss, starts the
     next."""
-    guard = GoodputGuard()
+    guard, key = guard_with_a_losing_figure()
     rng = random.Random(0)
-    key = (batch_bucket(16), 0, "draft")
     losing, plain = step(16, True, 11.2, 0.010), step(16, False, 16, 0.010)
-    for _ in range(SAMPLES):
-        guard.observe(plain)
-        guard.observe(losing)
     run_trial(guard, 16, losing, plain)
     tried = guard._speculative[key]
     assert tried.trial.done and not tried.trial.won
