@@ -66,9 +66,10 @@ class Trial:
     """Both arms' steps so far, plain (0) and speculative (1).
 
     ``rejection``: the trial of a figure that read a loss, below ``TRIAL_BUCKET``. There speculation is taken up
-    without a trial, and such a trial is won at break-even, not at 1 + ``TRIAL_GAIN``: at 16 prose requests trials read
-    0.97-1.02x where fixed draft k = 2 ran 1.07-1.09x `off`, and one that read 1.024x kept the rejection it confirmed for
-    three runs (docs/goodput-guard.md, s82). From 17 requests on a rejection's trial, won, is a take-up: its bar stays.
+    without a trial, and such a trial is won at break-even, not at 1 + ``TRIAL_GAIN``: at 16 prose requests two
+    trials read 1.024x and 0.967x where fixed draft k = 2 ran 1.07x and 1.09x `off`, and each kept the rejection it
+    confirmed for three runs (docs/goodput-guard.md, s82). From 17 requests on a rejection's trial, won, is a take-up:
+    its bar stays.
     """
 
     rejection: bool = False
