@@ -209,7 +209,8 @@ class GoodputGuard:
                       timing.num_draft_catch_up_tokens, self.catch_up_token_seconds())
             if trial.done and trial.won and trial.rejection:
                 # the figure that read the loss is dropped: speculation goes on, measured afresh, and holds down to
-                # break-even (kept, the figure fell the trial's win at once, and a trial of its loss began again)
+                # break-even (left in place, that figure overturned the won trial at the next step, and another trial
+                # of the same loss began)
                 self._speculative[key] = Figure(winning=True, trial=trial, sampled_at_move=self._bucket_moves)
             if trial.done and not trial.won:
                 spec.probed = True  # the trial measured it afresh: its rejection is probed at the usual rate
