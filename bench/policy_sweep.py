@@ -163,6 +163,7 @@ def main() -> None:
                 runs: dict[str, list[RunResult]] = {name: [] for name in policies}
                 chosen_k: dict[str, list[list[int]]] = {name: [] for name in policies}
                 policy_share: dict[str, list[float]] = {name: [] for name in policies}  # of each run's seconds
+                deciding_share: dict[str, list[float]] = {name: [] for name in policies}  # its `decide` alone
                 guard_after_runs: list[list[dict]] = []  # the adaptive policy's guard at the cell's load, per run
                 # and what its plans rest on, per run: the step-cost fit and the acceptance it has learned
                 model_after_runs: list[dict] = []
@@ -178,6 +179,9 @@ def main() -> None:
                         policy_share[name].append(round((sum(after["policy_seconds"].values())
                                                          - sum(before[name]["policy_seconds"].values()))
                                                         / results[name].seconds, 5))
+                        deciding_share[name].append(round((after["policy_seconds"]["deciding"]
+                                                           - before[name]["policy_seconds"]["deciding"])
+                                                          / results[name].seconds, 5))
                     stats = afters["adaptive"]
                     guard_after_runs.append(guard_at_load(stats, n))
                     model_after_runs.append({"cost_model": stats["cost_model"], "acceptance": stats["acceptance"]})
@@ -197,6 +201,9 @@ def main() -> None:
                                  "chosen_k": chosen_k[name],
                                  # the policy's own work (deciding, learning) over the run's seconds, warm-ups first
                                  "policy_share": policy_share[name],
+                                 # of which choosing k (``decide``): the adaptive policy's plans run right after the
+                                 # passes, on caches they flushed (docs/goodput-guard.md, s83)
+                                 "deciding_share": deciding_share[name],
                                  **({"guard": guard_after_runs, "model": model_after_runs}
                                     if name == "adaptive" else {})})
                 summary.append(verdict := summarize_cell(cell, runs))
@@ -459,6 +466,24 @@ def audit_at_load(audit: dict[str, list[dict]], concurrency: int) -> str:
     return "; ".join(f"{kind} {bucket['batch_sizes'][0]}-{bucket['batch_sizes'][1]}: "
                      f"{bucket['measured_over_predicted']:.2f} ({bucket['steps']} steps)"
                      for kind, bucket in near) or "none"
+
+
+def add_cell_arguments(ap: argparse.ArgumentParser, fixed: str, runs: int) -> None:
+    """The options of a one-cell diagnostic (bench/step_stalls.py, bench/policy_cold.py): the cell, the fixed policy
+    run beside ``off`` and ``adaptive``, and how many runs it times."""
+    ap.add_argument("--workload", choices=["code", "prose"], default="code")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--fixed", default=fixed, help="the fixed policy beside off and adaptive")
+    ap.add_argument("--runs", type=int, default=runs)
+
+
+def one_cell_traffic(tokenizer, workload: str, temperature: float,
+                     concurrency: int) -> tuple[list[list[int]], list[SamplingParams]]:
+    """A sweep cell's traffic (`cell_traffic`) as `main` serves it: as many requests, 48 new tokens on average."""
+    num_requests = max(32, 4 * concurrency)
+    texts = code_prompts(num_requests, max_chars=500) if workload == "code" else PROSE
+    return cell_traffic(tokenizer, texts, num_requests, temperature, 48, 0.5)
 
 
 def cell_traffic(tokenizer, texts: list[str], num_requests: int, temperature: float, new_tokens: int,

@@ -26,8 +26,7 @@ from collections import defaultdict
 import torch
 
 from bench.common import run_engines_lockstep, save, table
-from bench.policy_sweep import POLICIES, cell_traffic, make_engines
-from bench.prompts import PROSE, code_prompts
+from bench.policy_sweep import POLICIES, add_cell_arguments, make_engines, one_cell_traffic
 from policies.base import StepTiming
 
 SEEN: set[tuple[str, tuple[int, ...]]] = set()  # (model, shape) pairs the process has run
@@ -100,11 +99,7 @@ def _groups(steps: list[dict]) -> dict[tuple, list[dict]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", choices=["code", "prose"], default="code")
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--fixed", default="ngram k=4", help="the fixed policy beside off and adaptive")
-    ap.add_argument("--runs", type=int, default=4)
+    add_cell_arguments(ap, fixed="ngram k=4", runs=4)
     ap.add_argument("--factor", type=float, default=3.0, help="a stall: this many times its kind's median")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
@@ -113,9 +108,7 @@ def main() -> None:
     torch.set_num_threads(1)
     engines = make_engines({name: POLICIES[name] for name in ("off", args.fixed, "adaptive")}, args.dtype, args.device)
     tokenizer = next(iter(engines.values())).tokenizer
-    num_requests = max(32, 4 * args.concurrency)
-    texts = code_prompts(num_requests, max_chars=500) if args.workload == "code" else PROSE
-    prompts, params = cell_traffic(tokenizer, texts, num_requests, args.temperature, 48, 0.5)
+    prompts, params = one_cell_traffic(tokenizer, args.workload, args.temperature, args.concurrency)
     rows, trace = [], []
     for run in range(args.runs):
         steps: dict[str, list[dict]] = {name: [] for name in engines}
