@@ -2,11 +2,12 @@
 
 A policy decides right after the previous step's passes have streamed the weights (tens of MB) through the CPU's
 caches, so its Python finds little of its own state there: on a Zen 4 host (prose, T = 0.7, one client) the
-adaptive policy's ``decide`` took 97 us in the engine's steps (median), 11 us when replayed on the same views
-back to back, and 110 us replayed after a 64 MB buffer was written between calls; ``off``'s 1 us warm, 27 us
-after the flush (docs/goodput-guard.md, s83). So its cost is set by how much memory it touches (objects, code,
-the interpreter's own paths) more than by how many operations it runs, and a change meant to make it cheaper
-is timed cold, as here.
+adaptive policy's ``decide`` took 106 us in the engine's steps (median), 13 us when replayed on the same batches
+back to back, and 68 us replayed after a 64 MB buffer was written between calls; ``off``'s 6, 0.9 and 22 us
+(docs/goodput-guard.md, s83). So its cost is set by how much memory it touches (objects, code, the interpreter's
+own paths) more than by how many operations it runs, and a change meant to make it cheaper is timed cold, as
+here. A flush of the data caches recovers only part of what the steps pay: the passes also evict code, branch
+history and TLB entries.
 
 This script serves one sweep cell with ``off``, a fixed policy and ``adaptive`` in lockstep (one untimed run,
 then ``--runs``), records each policy's ``decide`` seconds in the engine's steps, keeps the batches it saw at
