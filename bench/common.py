@@ -9,6 +9,7 @@ import platform
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.models.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine.types import SamplingParams
+from policies.base import BatchView
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -65,6 +67,22 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingPara
     that each send their next request when the last one completes (vLLM's ``--max-concurrency``).
     """
     return run_engines_lockstep({"": engine}, prompts, params, max_in_flight)[""]
+
+
+def time_decide(engine: LLMEngine, seconds: list[float], seen: Callable[[BatchView], None] | None = None) -> None:
+    """Wrap the engine's policy's ``decide`` so that each call's seconds land in ``seconds``, each batch shown to
+    ``seen`` first (if given); ``del engine.policy.decide`` restores the controller's own."""
+    decide = engine.policy.decide
+
+    def timed(batch: BatchView):
+        if seen is not None:
+            seen(batch)
+        start = time.perf_counter()
+        decisions = decide(batch)
+        seconds.append(time.perf_counter() - start)
+        return decisions
+
+    engine.policy.decide = timed
 
 
 def run_engines_lockstep(engines: dict[str, LLMEngine], prompts: list[list[int]],

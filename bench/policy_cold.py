@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from bench.common import run_engines_lockstep, save, save_plot, table
+from bench.common import run_engines_lockstep, save, save_plot, table, time_decide
 from bench.policy_sweep import POLICIES, add_cell_arguments, make_engines, one_cell_traffic
 from policies.base import BatchView
 
@@ -34,17 +34,12 @@ MAX_BATCHES = 400  # batches kept per policy for the replays
 
 def record(engine, seconds: list[float], batches: list[BatchView], batch_size: int) -> None:
     """Time the engine's policy's ``decide`` in its steps, and keep the batches of ``batch_size`` requests."""
-    decide = engine.policy.decide
 
-    def timed(batch: BatchView):
+    def keep(batch: BatchView) -> None:
         if len(batch.requests) == batch_size and len(batches) < MAX_BATCHES:
             batches.append(batch)
-        start = time.perf_counter()
-        decisions = decide(batch)
-        seconds.append(time.perf_counter() - start)
-        return decisions
 
-    engine.policy.decide = timed
+    time_decide(engine, seconds, keep)
 
 
 def replay(decide, batches: list[BatchView], flush: torch.Tensor | None) -> float:

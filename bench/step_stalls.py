@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections import defaultdict
 
 import torch
 
-from bench.common import run_engines_lockstep, save, table
+from bench.common import run_engines_lockstep, save, table, time_decide
 from bench.policy_sweep import POLICIES, add_cell_arguments, make_engines, one_cell_traffic
 from policies.base import StepTiming
 
@@ -58,16 +57,9 @@ def record(engine, steps: list[dict]) -> None:
                       "draft_tokens": timing.num_draft_tokens, "catch_up": timing.num_draft_catch_up_tokens})
         observe_step(timing)
 
-    decide, decide_seconds = engine.policy.decide, []
-
-    def timed_decide(batch):
-        start = time.perf_counter()
-        decisions = decide(batch)
-        decide_seconds.append(time.perf_counter() - start)
-        return decisions
-
+    decide_seconds: list[float] = []
     engine.policy.observe_step = observe
-    engine.policy.decide = timed_decide
+    time_decide(engine, decide_seconds)
 
 
 def stalls(steps: list[dict], factor: float) -> dict:
