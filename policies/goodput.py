@@ -352,6 +352,12 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
         nets.append(net)
         improved.append(firsts)
         tax = tax_rate * catch_up  # per true expected token: the catch-up spread over what it emits
+        if value == FORBIDDEN and len(draft) > 1:
+            # it must draft, by the draft model alone: any floor under its every draft choice, the draft passes'
+            # price included (no K_d = 0), serves, and one near them keeps the sums exact (at -1e9 their rounding,
+            # ~1e-7, lost the gain of a k = 6 over a k = 5)
+            value = values[-1] = (draft[1] - tax * draft_true[1] - token_price - user_price * k_top
+                                  - lam * (coeffs.d * k_top + coeffs.f) - 1.0)
         best, settled = -math.inf, len(draft)  # settled: from this pass count on, the best draft k is found
         for passes in range(1, len(draft)):
             drafted = draft[passes] - tax * draft_true[passes] - token_price * passes

@@ -230,3 +230,11 @@ def test_a_batch_of_one_is_planned_as_the_joint_solver_would(
     assert (fast.num_tokens, fast.draft_passes, fast.num_draft_requests) == (
         1 + prefill + fast.ks[0], fast.ks[0] if fast.proposers[0] == "draft" else 0,
         int(fast.ks[0] > 0 and fast.proposers[0] == "draft"))
+
+
+def test_a_plan_that_must_draft_keeps_gains_too_small_for_a_sum_near_1e9() -> None:
+    """Drafting is free here, so k = 6 beats k = 5 by alpha^6 (6e-8 tokens): the speculative plan must still see it
+    (with its old floor of -1e9 for plain decode, the sums rounded it away)."""
+    request = Candidate(alpha_draft=0.0625, max_k_draft=6, alpha_ngram=0.5, max_k_ngram=0)
+    free = CostCoefficients(a=0.0078125, b=0.0, c=0.0, d=0.0, e=0.0, f=0.0, g=0.0, h=0.0)
+    assert plan_batch([request, request], free, speculate=True).ks == (6, 6)
