@@ -12,8 +12,8 @@ and a t-interval (95% by default) for
   is biased upwards, as in the sweep), paired round by round;
 - the ``off`` twin vs ``off``, where the sweeps ran it: what noise alone reads.
 
-    .venv/bin/python -m bench.sweep_pool bench/results/s11_hold_code.json bench/results/s11_hold_prose.json \\
-        bench/results/s12_twin_high_code.json --output pooled
+    .venv/bin/python -m bench.sweep_pool bench/results/s83_high_code_r1.json.gz \\
+        bench/results/s83_high_code_r2.json.gz --output pooled
 
 Sweeps must share their traffic settings and host (checked); pool only sweeps of the same policy code. An A/B sweep's
 rounds pool too: its variants ("adaptive (...)", bench/policy_sweep.py's ``VARIANTS``) are never the best fixed policy.
