@@ -112,13 +112,15 @@ class CostCoefficients:
 
     def pricing(self, batch_size: int, k_top: int) -> CostCoefficients:
         """These coefficients with the linears' measured seconds folded into c, at their mean slope over the rows a
-        batch of ``batch_size`` may feed at k <= ``k_top``: the per-request prices of the planner, which weighs each
-        request's drafts apart and so needs a step linear in its tokens (exact where nothing was measured)."""
+        batch of ``batch_size`` may feed speculating, every request at k = 1 to all at ``k_top``: the per-request prices
+        of the planner, which weighs each request's drafts apart and so needs a step linear in its tokens (exact where
+        nothing was measured)."""
         if not self.linears:
             return self
-        low, high = batch_size, batch_size * (k_top + 1)
+        low, high = 2 * batch_size, batch_size * (k_top + 1)
         slope = (self.linear_seconds(high) - self.linear_seconds(low)) / (high - low) if high > low else 0.0
-        return replace(self, c=self.c + max(0.0, slope), linears=(), linear_slope=0.0)
+        # positional: `replace` took twice as long, once a plan
+        return CostCoefficients(self.a, self.b, self.c + max(0.0, slope), self.d, self.e, self.f, self.g, self.h)
 
     def draft_seconds(self, plan: DraftPlan | None) -> float:
         if plan is None or plan.num_passes <= 0 or plan.num_requests <= 0:

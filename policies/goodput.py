@@ -38,7 +38,7 @@ All of that is exact for a step linear in its tokens. Where the target's linears
 policies/cost_model.py), the step is not: their time per row count has steps (on a Zen 4 host, 7 rows cost 0.5 ms
 more than 6). There each request's drafts are priced at the linears' mean slope over the rows the batch may feed,
 Dinkelbach's ratios are those of whole plans on the measured table, and the plan found is also rated with every
-speculating request's k moved alike by up to ``MAX_SHIFT``, which finds such a step (`_best_shift`). A batch of one
+speculating request's k moved alike by one, which finds such a step (`_best_shift`). A batch of one
 is scored on the table exactly; larger batches are the optimum of the linear pricing, so improved.
 """
 
@@ -54,7 +54,6 @@ from policies.cost_model import MIN_SECONDS, CostCoefficients, DraftPlan
 
 MAX_DINKELBACH_ITERATIONS = 12
 FORBIDDEN = -1e9  # the value of plain decode where the plan must speculate
-MAX_SHIFT = 2  # a plan is also rated with every speculating request drafting up to this many tokens more or fewer
 DRAFT: ProposerName = "draft"
 NGRAM: ProposerName = "ngram"
 
@@ -196,7 +195,7 @@ def _plan_jointly(candidates: Sequence[Candidate], coeffs: CostCoefficients, num
             break
         lam, choice = (tokens + aside_objective) / seconds, candidate
     if coeffs.linears:
-        choice = _best_shift(choice, objective, n, base_tokens, coeffs, aside_objective)
+        choice = _best_shift(choice, lam, objective, n, base_tokens, coeffs, prices.c - coeffs.c, aside_objective)
     tokens, seconds = _evaluate(choice, true, n, base_tokens, coeffs)
     ks, uses_draft = [0] * n, [False] * n
     for i, k, draft in zip(active, *choice, strict=True):
@@ -217,30 +216,31 @@ def _plan_jointly(candidates: Sequence[Candidate], coeffs: CostCoefficients, num
     )
 
 
-def _best_shift(choice: Choice, tables: _Tables, batch_size: int, base_tokens: int, coeffs: CostCoefficients,
-                aside: float) -> Choice:
-    """The choice, or one in which every speculating request drafts up to ``MAX_SHIFT`` tokens more or fewer alike
-    (within its proposer's cap, at least one), whichever the objective rates best on the measured linears.
+def _best_shift(choice: Choice, rate: float, tables: _Tables, batch_size: int, base_tokens: int,
+                coeffs: CostCoefficients, row_price: float, aside: float) -> Choice:
+    """The choice (whose objective rates ``rate``), or one in which every speculating request drafts one token more or
+    one fewer (within its proposer's cap, at least one), whichever the objective rates best on the measured linears.
 
-    The per-request prices see the linears' mean slope only, not where a row count runs dearer than its neighbours:
-    on a Zen 4 host 2 requests at k = 3 (8 rows) cost 0.7 ms more in the target's linears than at k = 2 (6 rows),
-    where a line through 2-18 rows puts 0.24 ms. Only where the plan's rows are within the table: beyond it, the
-    linears grow about linearly."""
+    The per-request prices see the linears' mean slope (``row_price`` a row) only, not where a row count runs dearer
+    than its neighbours: on a Zen 4 host 2 requests at k = 3 (8 rows) cost 0.7 ms more in the target's linears than at
+    k = 2 (6 rows), where a line through 4-18 rows puts 0.36 ms. A shift whose rows cost the linears no less than that
+    price says cannot beat the choice, which is the best at that price, and is not rated: each rating takes ~5 us,
+    and rating four shifts (by up to 2) had made the plans of 2 prose requests 0.7% of the run dearer."""
     ks, uses_draft = choice
-    fewest_rows = base_tokens + sum(max(1, k - MAX_SHIFT) for k in ks if k)  # every request's k moved down
-    if not any(ks) or fewest_rows >= len(coeffs.linears):
-        return choice
+    rows = base_tokens + sum(ks)
+    if not any(ks) or base_tokens + sum(max(1, k - 1) for k in ks if k) >= len(coeffs.linears):
+        return choice  # beyond the table, the linears grow about linearly: the price is right
     caps = [len(tables.draft[i] if draft else tables.ngram[i]) - 1 for i, draft in enumerate(uses_draft)]
-
-    def rate(candidate: Choice) -> float:
-        tokens, seconds = _evaluate(candidate, tables, batch_size, base_tokens, coeffs)
-        return (tokens + aside) / seconds
-
-    best, best_rate = choice, rate(choice)
-    for shift in range(-MAX_SHIFT, MAX_SHIFT + 1):
+    linears = coeffs.linear_seconds(rows)
+    best, best_rate = choice, rate
+    for shift in (-1, 1):
         shifted = [min(max(k + shift, 1), cap) if k else 0 for k, cap in zip(ks, caps, strict=True)]
-        if shifted != ks and (shifted_rate := rate((shifted, uses_draft))) > best_rate:
-            best, best_rate = (shifted, uses_draft), shifted_rate
+        shifted_rows = base_tokens + sum(shifted)
+        if shifted_rows == rows or coeffs.linear_seconds(shifted_rows) - linears >= row_price * (shifted_rows - rows):
+            continue
+        tokens, seconds = _evaluate((shifted, uses_draft), tables, batch_size, base_tokens, coeffs)
+        if (tokens + aside) / seconds > best_rate:
+            best, best_rate = (shifted, uses_draft), (tokens + aside) / seconds
     return best
 
 

@@ -411,6 +411,6 @@ def test_measured_linears_are_the_known_part_of_a_step_and_the_fit_learns_the_re
 
 def test_the_planner_prices_measured_linears_at_their_mean_slope() -> None:
     coeffs = CostModel(target_linears=[ms / 1e3 for ms in LINEARS_MS]).coefficients()
-    prices = coeffs.pricing(2, 8)  # rows 2-18
-    assert prices.linears == () and prices.c == pytest.approx(coeffs.c + (4.7 + 0.4 - 3.1) / 16 / 1e3)
+    prices = coeffs.pricing(2, 8)  # rows 4-18: both requests at k = 1 to both at k = 8
+    assert prices.linears == () and prices.c == pytest.approx(coeffs.c + (4.7 + 0.4 - 2.6) / 14 / 1e3)
     assert CostModel().coefficients().pricing(2, 8) == CostModel().coefficients()  # nothing measured: as it is
