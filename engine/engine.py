@@ -131,20 +131,16 @@ class LLMEngine:
         4 clients of prose at T = 1, all 3 decoded plainly for a whole run (400 steps), as did 4 of 10 warmed
         up by two short greedy requests; with the warm-up forgotten, none of 10 did (one started drafting late).
         Call it before serving, with no request running. On a CPU it first times the models' linears at small row
-        counts (`calibrate_row_padding`), and gives the target's times to the policy's cost model. It also has
-        oneDNN (CPU) or cuBLAS (CUDA) build or pick their kernels for every row count a step can feed
-        (`touch_linears`).
+        counts (`calibrate_row_padding`). It also has oneDNN (CPU) or cuBLAS (CUDA) build or pick their kernels for
+        every row count a step can feed (`touch_linears`).
         """
         if self.requests:
             raise RuntimeError("warm_up() needs an idle engine")
         for name, model in (("target", self.model), ("draft", self.draft_model)):
-            calibration = calibrate_row_padding(model) if model is not None else None
-            if calibration is not None:
+            table = calibrate_row_padding(model) if model is not None else None
+            if table is not None:
                 log.info("%s model on this CPU: row counts run padded %s", name,
-                         {rows: padded for rows, padded in enumerate(calibration.padding) if padded != rows}
-                         or "nowhere")
-            if name == "target":  # the step's part that the policy's cost model need not infer
-                self.policy.set_target_linears(calibration.seconds_by_rows if calibration is not None else None)
+                         {rows: padded for rows, padded in enumerate(table) if padded != rows} or "nowhere")
         settings = self.policy.settings
         prompt = self.tokenizer.encode("warm up, warm up, warm up, warm up, warm up") or [0]
         for mode in ("off", *self.proposers):

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from policies.acceptance import AcceptanceEstimator
 from policies.adaptive import AdaptivePolicy
 from policies.base import BatchView, Decision, RoundOutcome, StepTiming
-from policies.cost_model import CostModel
 from policies.fixed import FixedPolicy, OffPolicy
 from policies.learning import LearnedState, LearningPolicy
 from policies.settings import K_LIMIT, PolicySettings
@@ -40,12 +39,10 @@ class PolicyController:
         self._lock = threading.Lock()
         self._settings = settings or PolicySettings()
         self._pending: PolicySettings | None = None
-        self._target_linears: tuple[float, ...] | None = None  # see `set_target_linears`
         self._start_learning()
 
     def _start_learning(self) -> None:
-        self._learned = LearnedState(acceptance=AcceptanceEstimator(self._settings),
-                                     cost_model=CostModel(target_linears=self._target_linears))
+        self._learned = LearnedState(acceptance=AcceptanceEstimator(self._settings))
         self._policy = build_policy(self._settings, self._learned)
         self._num_steps = 0
         self._num_request_steps = 0
@@ -57,14 +54,6 @@ class PolicyController:
         """Learn afresh: acceptance, step costs, the goodput guard and the operator counters all start over
         (the engine calls it after its warm-up, whose first-touch step times would mislead the cost model)."""
         with self._lock:
-            self._start_learning()
-
-    def set_target_linears(self, seconds_by_rows: Sequence[float] | None) -> None:
-        """What the target's linears take per row count fed (index = rows), as the engine timed them on this host
-        (None: not timed, as on a GPU), for the cost model to build on (policies/cost_model.py). Learning starts
-        afresh: what was learned is in the old terms."""
-        with self._lock:
-            self._target_linears = tuple(seconds_by_rows) if seconds_by_rows is not None else None
             self._start_learning()
 
     @property

@@ -16,15 +16,6 @@ first draft round, and the tokens it missed while it decoded plainly. At 16 requ
 pair, fixed draft k = 2 spent 8% of its time there (~30 us per token on one CPU thread); such rounds
 were once left out of the fit, and the plan started drafting for requests at a price it never saw.
 
-On a CPU the target's linears are most of a small batch's step, and what they take is not linear in the rows fed:
-on a Zen 4 host the bundled target's took 3.0-3.3 ms at 1-2 rows, 2.5-2.9 at 3-6, 3.1-3.6 at 7-11 and 4.7 at 16, then
-~0.19 ms a row. A line through steps that mostly feed one k (the plan's own) cannot see that, and inferred the slope
-badly: at 4 prose requests (T = 1) a fit put 0.12 ms on a fed token where a k more cost ~0.25 ms a row, and drafted
-k = 4 where k = 2 ran best (bench/k_costs.py, docs/goodput-guard.md s84). So the engine times the linears at every
-row count up to 32 when it warms up (`engine.models.row_padding`), and the target's fit learns only what they leave:
-the step less the measured linears (attention over the cache, sampling, the engine's own work). The planner prices a
-request's drafts at the linears' mean slope (`CostCoefficients.pricing`) and evaluates whole plans on the table.
-
 Fits are ridge regressions over a window of recent steps (512), pulled towards a prior scaled to the
 measured level: the relative defaults at first, later the last values the data determined well.
 Directions the window does not determine (e.g. b vs c while every step feeds one token per request) stay
@@ -42,7 +33,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -95,32 +85,9 @@ class CostCoefficients:
     f: float = 0.0  # seconds per draft round (any k)
     g: float = 0.0  # seconds a target step adds when it verifies drafts (any k)
     h: float = 0.0  # seconds per token the draft model catches up on
-    # the target's linears, measured (`TargetLinears`): seconds per row count fed, index = rows; empty: not measured
-    linears: tuple[float, ...] = ()
-    linear_slope: float = 0.0  # ... and per row beyond the table
-
-    def linear_seconds(self, rows: int) -> float:
-        """What the target's linears take for ``rows`` fed rows, as measured (0 where not measured)."""
-        table = self.linears
-        if rows < len(table):
-            return table[rows]
-        return table[-1] + self.linear_slope * (rows - len(table) + 1) if table else 0.0
 
     def target_seconds(self, batch_size: int, num_tokens: int, verifies: bool = False) -> float:
-        return max(MIN_SECONDS, self.a + self.b * batch_size + self.c * num_tokens + (self.g if verifies else 0.0)
-                   + (self.linear_seconds(num_tokens) if self.linears else 0.0))
-
-    def pricing(self, batch_size: int, k_top: int) -> CostCoefficients:
-        """These coefficients with the linears' measured seconds folded into c, at their mean slope over the rows a
-        batch of ``batch_size`` may feed speculating, every request at k = 1 to all at ``k_top``: the per-request prices
-        of the planner, which weighs each request's drafts apart and so needs a step linear in its tokens (exact where
-        nothing was measured)."""
-        if not self.linears:
-            return self
-        low, high = 2 * batch_size, batch_size * (k_top + 1)
-        slope = (self.linear_seconds(high) - self.linear_seconds(low)) / (high - low) if high > low else 0.0
-        # positional: `replace` took twice as long, once a plan
-        return CostCoefficients(self.a, self.b, self.c + max(0.0, slope), self.d, self.e, self.f, self.g, self.h)
+        return max(MIN_SECONDS, self.a + self.b * batch_size + self.c * num_tokens + (self.g if verifies else 0.0))
 
     def draft_seconds(self, plan: DraftPlan | None) -> float:
         if plan is None or plan.num_passes <= 0 or plan.num_requests <= 0:
@@ -131,17 +98,6 @@ class CostCoefficients:
                      verifies: bool = False) -> float:
         """``verifies``: some request feeds drafts (a draft-model ``plan`` implies it)."""
         return self.target_seconds(batch_size, num_tokens, verifies or plan is not None) + self.draft_seconds(plan)
-
-
-def measured_linears(seconds_by_rows: Sequence[float] | None) -> CostCoefficients:
-    """Coefficients of nothing but the target's linears as measured (index = rows fed; none: all zero). Beyond the
-    table each row costs what each of its last half's did: there a CPU's linears grow about linearly with the rows."""
-    table = tuple(float(seconds) for seconds in seconds_by_rows or ())
-    if len(table) < 3:
-        return CostCoefficients(0.0, 0.0, 0.0, 0.0, 0.0)
-    middle = (len(table) - 1) // 2
-    slope = max(0.0, (table[-1] - table[middle]) / (len(table) - 1 - middle))
-    return CostCoefficients(0.0, 0.0, 0.0, 0.0, 0.0, linears=table, linear_slope=slope)
 
 
 class _Window:
@@ -375,9 +331,7 @@ class CostModel:
     clock = staticmethod(time.perf_counter)  # times the refits for ``refit_budget`` (tests may set another)
 
     def __init__(self, window: int = 512, min_observations: int = 4, refit_every: int = 8,
-                 refit_budget: float | None = REFIT_BUDGET, target_linears: Sequence[float] | None = None) -> None:
-        """``target_linears``: what the target's linears take per row count fed (index = rows), as timed on this
-        host when the engine warmed up; None where they were not (see the module doc)."""
+                 refit_budget: float | None = REFIT_BUDGET) -> None:
         self._target = _OnlineFit(window, 4, kept_plain=KEPT_PLAIN_ROWS)
         self._draft = _OnlineFit(window, 4)
         self._min_observations = min_observations
@@ -393,7 +347,6 @@ class CostModel:
         self._plain_seconds: dict[int, float] = {}  # batch size -> predicted plain step, until the fit changes
         self._sources = ("default", "default")
         self.audit = PredictionAudit()
-        self._measured = measured_linears(target_linears)  # the step's measured part: the target's linears
 
     def configure(
         self, verify_override: tuple[float, float, float] | None = None, draft_override: float | None = None
@@ -413,9 +366,7 @@ class CostModel:
         coef = self.coefficients()  # what the plan of this step was priced with
         self.audit.record("verify" if verifies else "plain", timing.batch_size, timing.target_seconds,
                           coef.target_seconds(timing.batch_size, timing.num_tokens, timing.speculative))
-        # the fit learns what the measured linears leave (see the module doc)
-        self._target.add((1.0, timing.batch_size, timing.num_tokens, verifies),
-                         timing.target_seconds - self._measured.linear_seconds(timing.num_tokens),
+        self._target.add((1.0, timing.batch_size, timing.num_tokens, verifies), timing.target_seconds,
                          plain=not timing.speculative)
         if timing.num_draft_requests > 0 and timing.num_draft_tokens > 0 and timing.draft_seconds > 0:
             passes = timing.num_draft_passes or math.ceil(timing.num_draft_tokens / timing.num_draft_requests)
@@ -479,18 +430,16 @@ class CostModel:
     def _fit(self) -> CostCoefficients:
         verify, verify_source = self._target.fit(np.array(DEFAULT_VERIFY), self._min_observations)
         a, b, c, g = max(float(verify[0]), MIN_SECONDS), float(verify[1]), float(verify[2]), float(verify[3])
-        measured = self._measured  # the defaults relate the draft model to the whole target step
-        whole_a, whole_c = a + measured.linear_seconds(1), c + measured.linear_slope
-        draft_default = np.array([0.0, DRAFT_RELATIVE_COST * whole_a, DRAFT_RELATIVE_COST * (b + whole_c),
-                                  CATCH_UP_RELATIVE_COST * whole_c])
+        draft_default = np.array([0.0, DRAFT_RELATIVE_COST * a, DRAFT_RELATIVE_COST * (b + c),
+                                  CATCH_UP_RELATIVE_COST * c])
         draft, draft_source = self._draft.fit(draft_default, self._min_observations)
         self._sources = (verify_source, draft_source)
         return CostCoefficients(a=a, b=b, c=c, d=float(draft[1]), e=float(draft[2]), f=float(draft[0]), g=g,
-                                h=float(draft[3]), linears=measured.linears, linear_slope=measured.linear_slope)
+                                h=float(draft[3]))
 
     def fit_summary(self) -> dict[str, Any]:
         """JSON-able description of the current fit for operators."""
-        coef, measured = self.coefficients(), self._measured
+        coef = self.coefficients()
         verify_source, draft_source = self._sources
         return {
             "verify_source": "override" if self._verify_override else verify_source,
@@ -504,10 +453,6 @@ class CostModel:
             "draft_seconds": {"per_round": coef.f, "per_pass": coef.d, "per_request_per_pass": coef.e,
                               "per_catch_up_token": coef.h},
             "verify_rmse_seconds": self._target.rmse,
-            # the target's linears as timed at warm-up, which the fit's coefficients come on top of (None: not timed)
-            "target_linears_seconds": None if not measured.linears else {
-                "rows_1": measured.linear_seconds(1), "rows_max": measured.linears[-1],
-                "per_row_beyond": measured.linear_slope},
             "draft_cost_ratio": coef.d / coef.a if coef.a > 0 else None,
             "prediction_audit": self.audit.summary(),
         }

@@ -33,13 +33,6 @@ and this check cut the planner's time from 105 to 63 us at 16 clients and from 1
 
 Hysteresis enters as a bonus: a request's previous choice counts its expected tokens times (1 + hysteresis),
 so a new choice must beat it by more than the hysteresis to be taken.
-
-All of that is exact for a step linear in its tokens. Where the target's linears were measured (a CPU,
-policies/cost_model.py), the step is not: their time per row count has steps (on a Zen 4 host, 7 rows cost 0.5 ms
-more than 6). There each request's drafts are priced at the linears' mean slope over the rows the batch may feed,
-Dinkelbach's ratios are those of whole plans on the measured table, and the plan found is also rated with every
-speculating request's k moved alike by one, which finds such a step (`_best_shift`). A batch of one
-is scored on the table exactly; larger batches are the optimum of the linear pricing, so improved.
 """
 
 from __future__ import annotations
@@ -155,16 +148,14 @@ def _plan_jointly(candidates: Sequence[Candidate], coeffs: CostCoefficients, num
     bonus = 1.0 + hysteresis
     plain = [bonus if c.previous is not None and c.previous[1] == 0 else 1.0 for c in candidates]
     lam = sum(plain) / coeffs.target_seconds(n, base_tokens)
-    # each request's drafts are priced on a step linear in its tokens (exact where the linears were not measured)
-    prices = coeffs.pricing(n, max(max(c.max_k_draft, c.max_k_ngram) for c in candidates))
     if speculate:
         active = [i for i, c in enumerate(candidates) if c.max_k_draft or c.max_k_ngram]
         if not active:
             return _plain_plan(n, base_tokens, coeffs)
     else:
-        bounds = [_gain_bounds(c, lam, prices) for c in candidates]
+        bounds = [_gain_bounds(c, lam, coeffs) for c in candidates]
         active = [i for i, bound in enumerate(bounds) if bound is None or max(bound) > 0.0]
-        if not active or _cannot_pay([bounds[i] for i in active], [plain[i] for i in active], lam, prices):
+        if not active or _cannot_pay([bounds[i] for i in active], [plain[i] for i in active], lam, coeffs):
             return _plain_plan(n, base_tokens, coeffs)
     # the set-aside requests decode plainly: their tokens are a constant, their fed tokens part of the base
     subset = [candidates[i] for i in active]
@@ -189,13 +180,11 @@ def _plan_jointly(candidates: Sequence[Candidate], coeffs: CostCoefficients, num
         if (tokens + aside_objective) / seconds > lam:
             lam, choice = (tokens + aside_objective) / seconds, previous
     for _ in range(MAX_DINKELBACH_ITERATIONS):
-        candidate = _solve_for_price(lam, objective, prices)
+        candidate = _solve_for_price(lam, objective, coeffs)
         tokens, seconds = _evaluate(candidate, objective, n, base_tokens, coeffs)
         if (tokens + aside_objective) / seconds <= lam * (1.0 + 1e-12):
             break
         lam, choice = (tokens + aside_objective) / seconds, candidate
-    if coeffs.linears:
-        choice = _best_shift(choice, lam, objective, n, base_tokens, coeffs, prices.c - coeffs.c, aside_objective)
     tokens, seconds = _evaluate(choice, true, n, base_tokens, coeffs)
     ks, uses_draft = [0] * n, [False] * n
     for i, k, draft in zip(active, *choice, strict=True):
@@ -216,34 +205,6 @@ def _plan_jointly(candidates: Sequence[Candidate], coeffs: CostCoefficients, num
     )
 
 
-def _best_shift(choice: Choice, rate: float, tables: _Tables, batch_size: int, base_tokens: int,
-                coeffs: CostCoefficients, row_price: float, aside: float) -> Choice:
-    """The choice (whose objective rates ``rate``), or one in which every speculating request drafts one token more or
-    one fewer (within its proposer's cap, at least one), whichever the objective rates best on the measured linears.
-
-    The per-request prices see the linears' mean slope (``row_price`` a row) only, not where a row count runs dearer
-    than its neighbours: on a Zen 4 host 2 requests at k = 3 (8 rows) cost 0.7 ms more in the target's linears than at
-    k = 2 (6 rows), where a line through 4-18 rows puts 0.36 ms. A shift whose rows cost the linears no less than that
-    price says cannot beat the choice, which is the best at that price, and is not rated: each rating takes ~5 us,
-    and rating four shifts (by up to 2) had made the plans of 2 prose requests 0.7% of the run dearer."""
-    ks, uses_draft = choice
-    rows = base_tokens + sum(ks)
-    if not any(ks) or base_tokens + sum(max(1, k - 1) for k in ks if k) >= len(coeffs.linears):
-        return choice  # beyond the table, the linears grow about linearly: the price is right
-    caps = [len(tables.draft[i] if draft else tables.ngram[i]) - 1 for i, draft in enumerate(uses_draft)]
-    linears = coeffs.linear_seconds(rows)
-    best, best_rate = choice, rate
-    for shift in (-1, 1):
-        shifted = [min(max(k + shift, 1), cap) if k else 0 for k, cap in zip(ks, caps, strict=True)]
-        shifted_rows = base_tokens + sum(shifted)
-        if shifted_rows == rows or coeffs.linear_seconds(shifted_rows) - linears >= row_price * (shifted_rows - rows):
-            continue
-        tokens, seconds = _evaluate((shifted, uses_draft), tables, batch_size, base_tokens, coeffs)
-        if (tokens + aside) / seconds > best_rate:
-            best, best_rate = (shifted, uses_draft), (tokens + aside) / seconds
-    return best
-
-
 def _plan_alone(c: Candidate, coeffs: CostCoefficients, base_tokens: int, bonus: float, speculate: bool) -> BatchPlan:
     """`plan_batch` for a batch of one: each (proposer, k) scored as it stands, the best taken: 14-16 us a plan, the
     joint solver's 62-73. At one prose client the policy's work had been 2.2-2.5% of adaptive's runs against fixed
@@ -252,9 +213,6 @@ def _plan_alone(c: Candidate, coeffs: CostCoefficients, base_tokens: int, bonus:
     # `CostCoefficients.step_seconds` at batch 1, spelled out: a `DraftPlan` per option would cost more than the scan
     # (the property test holds the two together)
     a, f, d, e, h = coeffs.a + coeffs.b + coeffs.c * base_tokens + coeffs.g, coeffs.f, coeffs.d, coeffs.e, coeffs.h
-    # the target's linears at each k's rows, as measured (none measured: nothing)
-    linears = [coeffs.linear_seconds(base_tokens + k) if coeffs.linears else 0.0
-               for k in range(max(c.max_k_draft, c.max_k_ngram) + 1)]
     best_value, best_k, best_draft = -math.inf, 0, False
     if not speculate or not (c.max_k_draft or c.max_k_ngram):
         plain = bonus if previous is not None and previous[1] == 0 else 1.0
@@ -262,14 +220,13 @@ def _plan_alone(c: Candidate, coeffs: CostCoefficients, base_tokens: int, bonus:
     ngram = _token_table(c.alpha_ngram, c.max_k_ngram, c.lead_ngram)
     for k in range(1, len(ngram)):
         tokens = ngram[k] * (bonus if previous == (NGRAM, k) else 1.0)
-        value = tokens / max(MIN_SECONDS, a + coeffs.c * k + linears[k])
+        value = tokens / max(MIN_SECONDS, a + coeffs.c * k)
         if value > best_value:
             best_value, best_k = value, k
     draft = _token_table(c.alpha_draft, c.max_k_draft, c.lead_draft)
     for k in range(1, len(draft)):
         tokens = draft[k] * (bonus if previous == (DRAFT, k) else 1.0)
-        value = tokens / (max(MIN_SECONDS, a + coeffs.c * k + linears[k]) + f + k * (d + e)
-                          + h * c.draft_catch_up * draft[k])
+        value = tokens / (max(MIN_SECONDS, a + coeffs.c * k) + f + k * (d + e) + h * c.draft_catch_up * draft[k])
         if value > best_value:
             best_value, best_k, best_draft = value, k, True
     if not best_k:
@@ -468,7 +425,7 @@ def best_alone(candidate: Candidate, coeffs: CostCoefficients, price: float,
     """The request's best (k, proposer) at ``price`` (tokens per second) in a speculating step whose other choices
     stand: plain decode, an n-gram draft, or a draft-model draft of at most the step's ``draft_passes`` (none where
     the draft model does not run: starting it, or adding passes, is a choice for the whole batch, `plan_batch`)."""
-    token_price = price * (coeffs.c + coeffs.linear_slope)  # a held plan's batch is large: the linears' slope there
+    token_price = price * coeffs.c
     best, choice = 1.0, (0, DRAFT)
     ngram = _token_table(candidate.alpha_ngram, candidate.max_k_ngram, candidate.lead_ngram)
     last = -math.inf

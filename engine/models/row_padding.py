@@ -16,61 +16,42 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from engine.models.llama import EXACT_ROWS, PackedLinear, packed_linears, padded_rows
+from engine.models.llama import EXACT_ROWS, PackedLinear, packed_linears
 
-PROFILE_COUNTS = (20, 24, 28, 32)  # timed beside the counts up to ``EXACT_ROWS``: what 17-32 rows run at (`ROW_BANDS`)
 PADDING_GAIN = 0.15  # a larger row count is taken only where it ran this much faster
 NEAR_BEST = 0.03  # ... and then the fewest rows within this share of the fastest count
 TIMING_ROUNDS = 7  # each count's time is its median of this many passes, taken in turn with the other counts
 
-
-@dataclass(frozen=True)
-class Calibration:
-    """What a model's packed linears were measured to do on this host: the row count each count up to ``EXACT_ROWS``
-    runs at (index: rows), and one pass through them in seconds per row count fed up to the last of
-    ``PROFILE_COUNTS`` (index: rows; 0 at 0), as padded. The adaptive policy's cost model takes the target's as the
-    part of a step it need not infer (policies/cost_model.py)."""
-
-    padding: tuple[int, ...]
-    seconds_by_rows: tuple[float, ...]
+_CALIBRATED: dict[tuple, tuple[int, ...]] = {}  # per model's linear shapes and dtype: its row padding, once a process
 
 
-_CALIBRATED: dict[tuple, Calibration] = {}  # per model's linear shapes and dtype, once a process
-
-
-def calibrate_row_padding(model: nn.Module) -> Calibration | None:
-    """Time ``model``'s packed linears at each row count up to ``EXACT_ROWS`` (and ``PROFILE_COUNTS``) and set the
-    padding that `padding_table` makes of it on all of them; the calibration, or None for a model without packed
-    linears (CUDA). A second model of the same shapes and dtype in the process (another engine of the same pair)
-    reuses it."""
+def calibrate_row_padding(model: nn.Module) -> tuple[int, ...] | None:
+    """Time ``model``'s packed linears at each row count up to ``EXACT_ROWS`` and set the padding that
+    `padding_table` makes of it on all of them; the table, or None for a model without packed linears (CUDA). A
+    second model of the same shapes and dtype in the process (another engine of the same pair) reuses the table."""
     linears = packed_linears(model)
     if not linears:
         return None
     key = (linears[0].weight_dtype,
            *((linear.in_features, linear.out_features, linear.bias is not None) for linear in linears))
-    calibration = _CALIBRATED.get(key)
-    if calibration is None:
-        seconds = time_row_counts(linears, [*range(1, EXACT_ROWS + 1), *PROFILE_COUNTS])
-        table = confirmed_padding(linears, {rows: seconds[rows] for rows in range(1, EXACT_ROWS + 1)})
-        by_rows = (0.0, *(seconds[padded_rows(rows, table)] for rows in range(1, PROFILE_COUNTS[-1] + 1)))
-        calibration = _CALIBRATED[key] = Calibration(table, by_rows)
+    table = _CALIBRATED.get(key)
+    if table is None:
+        table = _CALIBRATED[key] = confirmed_padding(linears)
     for linear in linears:
-        linear.row_padding = calibration.padding
-    return calibration
+        linear.row_padding = table
+    return table
 
 
-def confirmed_padding(linears: list[PackedLinear], seconds: dict[int, float] | None = None) -> tuple[int, ...]:
-    """`padding_table` of a timing of every count up to ``EXACT_ROWS`` (``seconds``, or one taken now), less each
-    padding that the table of a second timing, of the counts involved, does not make too. Where the counts cost about
-    alike, one timing's noise pads now and then: on an Intel Xeon at 2 threads (1-6 rows within 10% of each other),
-    2 of 10 timings padded (1-2 rows to 4, 3 to 5), as did one engine's warm-up (1-2 to 4), and batch-1 decode then
-    ran 0.90x its exact rows."""
-    table = padding_table(seconds or time_row_counts(linears, range(1, EXACT_ROWS + 1)))
+def confirmed_padding(linears: list[PackedLinear]) -> tuple[int, ...]:
+    """`padding_table` of a timing of every count up to ``EXACT_ROWS``, less each padding that the table of a second
+    timing, of the counts involved, does not make too. Where the counts cost about alike, one timing's noise
+    pads now and then: on an Intel Xeon at 2 threads (1-6 rows within 10% of each other), 2 of 10 timings padded (1-2
+    rows to 4, 3 to 5), as did one engine's warm-up (1-2 to 4), and batch-1 decode then ran 0.90x its exact rows."""
+    table = padding_table(time_row_counts(linears, range(1, EXACT_ROWS + 1)))
     padded = [rows for rows, target in enumerate(table) if target != rows]
     if not padded:
         return table

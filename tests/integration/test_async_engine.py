@@ -316,9 +316,6 @@ def test_warm_up_takes_each_kind_of_step_then_the_policy_forgets_them() -> None:
     stats = eng.policy.stats()
     assert stats["num_steps"] == 0 and stats["cost_model"]["num_observations"] == 0
     assert stats["acceptance"]["draft"]["num_rounds"] == 0
-    # on a CPU the target's linears were timed, and the cost model builds on them (policies/cost_model.py)
-    linears = stats["cost_model"]["target_linears_seconds"]
-    assert linears is not None and linears["rows_1"] > 0 and linears["rows_max"] > 0
     assert eng.policy.settings.mode == "auto" and eng.policy.settings.k_max == 6
     assert eng.stats.num_steps == 0 and eng.stats.num_draft_tokens == 0
     assert not eng.requests and not eng.has_work()

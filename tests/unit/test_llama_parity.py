@@ -346,23 +346,17 @@ def test_calibrated_row_padding_is_set_on_every_packed_linear_once_per_process(m
 
     def fake_times(linears, counts):
         timed.append(len(counts))
-        return {rows: 2.0 if rows < 3 else 1.0 + rows / 100 for rows in counts}
+        return {rows: 2.0 if rows < 3 else 1.0 for rows in counts}
 
     monkeypatch.setattr(row_padding, "time_row_counts", fake_times)
     models = [torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.Linear(40, 24)) for _ in range(2)]
     for model in models:
         assert llama.pack_linears_for_cpu(model)
-        calibration = row_padding.calibrate_row_padding(model)
-        table = calibration.padding
+        table = row_padding.calibrate_row_padding(model)
         assert table[:5] == (0, 3, 3, 3, 4)
         assert all(linear.row_padding is table for linear in model)
-        # a pass's seconds per row count fed, at the count it runs at: 1-2 rows at 3's, 17-20 at 20's
-        by_rows = calibration.seconds_by_rows
-        assert len(by_rows) == 33 and by_rows[:5] == (0.0, 1.03, 1.03, 1.03, 1.04)
-        assert by_rows[17] == by_rows[20] == 1.2 and by_rows[32] == 1.32
-    # every count (and those 17-32 rows run at), then the padded ones (1, 2) and their target (3) again; the second
-    # model reuses the calibration
-    assert timed == [llama.EXACT_ROWS + len(row_padding.PROFILE_COUNTS), 3]
+    # every count, then the padded ones (1, 2) and their target (3) again; the second model reuses the table
+    assert timed == [llama.EXACT_ROWS, 3]
     assert llama.padded_rows(2, table) == 3 and llama.padded_rows(17, table) == 20
     assert row_padding.calibrate_row_padding(torch.nn.Sequential(torch.nn.ReLU())) is None  # nothing packed (CUDA)
 

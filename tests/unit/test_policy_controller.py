@@ -94,19 +94,6 @@ def test_forget_learned_starts_over_with_the_same_settings() -> None:
     assert controller.settings == PolicySettings(mode="auto", k_max=6) and controller.name == "adaptive"
 
 
-def test_the_targets_measured_linears_outlast_forgetting_and_their_change_starts_learning_over() -> None:
-    controller = PolicyController(PolicySettings(mode="auto"))
-    linears = [0.0, *(0.003 + 1e-4 * rows for rows in range(1, 33))]
-    controller.observe_step(StepTiming(4, 20, 0.02, step_seconds=0.03, num_generated=8))
-    controller.set_target_linears(linears)  # as the engine's warm-up does
-    assert controller.stats()["cost_model"]["num_observations"] == 0  # what was learned is in the old terms
-    controller.forget_learned()
-    assert controller.learned.cost_model.coefficients().linears == tuple(linears)
-    assert controller.learned.cost_model.coefficients().linear_seconds(4) == pytest.approx(0.0034)
-    controller.set_target_linears(None)  # a GPU: nothing timed
-    assert controller.stats()["cost_model"]["target_linears_seconds"] is None
-
-
 def test_stats_are_json_and_count_decisions() -> None:
     controller = PolicyController(PolicySettings(mode="draft", k=3, k_max=4))
     controller.decide(BATCH)

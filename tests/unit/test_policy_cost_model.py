@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 
 import numpy as np
@@ -380,37 +379,3 @@ def test_many_stalled_first_rounds_are_left_out_too() -> None:
     coef = model.coefficients()
     assert coef.d + coef.e == pytest.approx(per_pass, rel=0.1)
     assert coef.f < 0.1 * per_pass
-
-
-# a CPU target's linears as a Zen 4 host timed them (ms, index = rows): dear at 1-2 rows, cheap at 3-6, a step at 7
-LINEARS_MS = (0.0, 3.0, 3.1, 2.7, 2.6, 2.5, 2.6, 3.1, 3.3, 3.3, 3.5, 3.5, 3.8, 4.2, 4.4, 4.6, 4.7,
-              *(4.7 + 0.2 * rows for rows in range(1, 17)))
-
-
-def test_measured_linears_are_the_known_part_of_a_step_and_the_fit_learns_the_rest() -> None:
-    """Steps of a host whose linears run as timed, plus a residual linear in the rows (attention, sampling): a plain
-    line through steps that feed mostly one k cannot see the linears' step at 7 rows; given them, the fit can."""
-    linears = [ms / 1e3 for ms in LINEARS_MS]
-    rng = random.Random(0)
-    measured = CostModel(target_linears=linears)
-
-    def seconds(batch: int, tokens: int) -> float:
-        return 3e-3 + 1e-4 * batch + 5e-5 * tokens + linears[tokens] if tokens < len(linears) else math.nan
-
-    for _ in range(300):  # 2 requests, mostly k = 2 (6 rows), now and then k = 1 or 3
-        tokens = 2 * (1 + rng.choice([1, 2, 2, 2, 2, 3]))
-        measured.observe(StepTiming(2, tokens, seconds(2, tokens) * (1.0 + rng.gauss(0, 0.01))))
-    for tokens in (2, 4, 6, 8, 10):
-        assert measured.predict_step(2, tokens) == pytest.approx(seconds(2, tokens), rel=0.03)
-    coef = measured.coefficients()
-    assert coef.linear_seconds(40) == pytest.approx((4.7 + 0.2 * 24) / 1e3)  # beyond the table: its last half's slope
-    summary = measured.fit_summary()["target_linears_seconds"]
-    assert summary == {"rows_1": 3e-3, "rows_max": pytest.approx(7.9e-3), "per_row_beyond": pytest.approx(2e-4)}
-    assert CostModel().fit_summary()["target_linears_seconds"] is None
-
-
-def test_the_planner_prices_measured_linears_at_their_mean_slope() -> None:
-    coeffs = CostModel(target_linears=[ms / 1e3 for ms in LINEARS_MS]).coefficients()
-    prices = coeffs.pricing(2, 8)  # rows 4-18: both requests at k = 1 to both at k = 8
-    assert prices.linears == () and prices.c == pytest.approx(coeffs.c + (4.7 + 0.4 - 2.6) / 14 / 1e3)
-    assert CostModel().coefficients().pricing(2, 8) == CostModel().coefficients()  # nothing measured: as it is

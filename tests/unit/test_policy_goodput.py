@@ -238,35 +238,3 @@ def test_a_plan_that_must_draft_keeps_gains_too_small_for_a_sum_near_1e9() -> No
     request = Candidate(alpha_draft=0.0625, max_k_draft=6, alpha_ngram=0.5, max_k_ngram=0)
     free = CostCoefficients(a=0.0078125, b=0.0, c=0.0, d=0.0, e=0.0, f=0.0, g=0.0, h=0.0)
     assert plan_batch([request, request], free, speculate=True).ks == (6, 6)
-
-
-# a CPU target's linears as a Zen 4 host timed them (s, index = rows): dear at 1-2 rows, cheap at 3-6, a step at 7
-ZEN4_LINEARS = tuple(ms / 1e3 for ms in (0.0, 3.0, 3.1, 2.7, 2.6, 2.5, 2.6, 3.1, 3.3, 3.3, 3.5, 3.5, 3.8, 4.2, 4.4,
-                                         4.6, 4.7, *(4.7 + 0.2 * rows for rows in range(1, 17))))
-# what the target's fit learns beside them (attention, sampling), and a draft model's passes
-RESIDUAL = CostCoefficients(a=3e-3, b=1e-4, c=5e-5, d=1.1e-3, e=1e-4, f=6e-4, linears=ZEN4_LINEARS, linear_slope=2e-4)
-
-
-@settings(max_examples=200, deadline=None)
-@given(candidates(8), coefficients, st.integers(0, 20),
-       st.lists(st.floats(1e-3, 6e-3), min_size=33, max_size=33), st.floats(0.0, 5e-4))
-def test_a_batch_of_one_is_planned_exactly_on_measured_linears(alone: Candidate, coeffs: CostCoefficients,
-                                                               prefill: int, linears: list[float],
-                                                               slope: float) -> None:
-    coeffs = replace(coeffs, linears=(0.0, *linears[1:]), linear_slope=slope)
-    plan = plan_batch([alone], coeffs, prefill)
-    assert plan.goodput >= brute_force_goodput([alone], coeffs, prefill) * (1 - 1e-9)
-    combo = tuple(zip(plan.ks, plan.proposers, strict=True))
-    assert plan.goodput == pytest.approx(objective([alone], coeffs, prefill, 0.0, combo), rel=1e-9)
-
-
-@pytest.mark.parametrize("alpha", [0.6, 0.7, 0.8, 0.9])
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_a_plan_on_measured_linears_finds_where_a_row_count_runs_dear(alpha: float, n: int) -> None:
-    """The per-request prices see the linears' mean slope only; rating the plan with every request's k moved alike
-    finds the step at 7 rows that the brute force sees (at 2 requests: k = 2, 6 rows, not k = 3-4)."""
-    requests = [Candidate(alpha_draft=alpha, max_k_draft=4, alpha_ngram=0.0, max_k_ngram=0)] * n
-    plan = plan_batch(requests, RESIDUAL)
-    assert plan.goodput >= brute_force_goodput(requests, RESIDUAL, 0) * (1 - 1e-9)
-    assert plan.goodput == pytest.approx(
-        objective(requests, RESIDUAL, 0, 0.0, tuple(zip(plan.ks, plan.proposers, strict=True))), rel=1e-9)
