@@ -176,12 +176,10 @@ def main() -> None:
                         start = before[name]["chosen_k"]["histogram"]
                         chosen_k[name].append([count - (start[k] if k < len(start) else 0)
                                                for k, count in enumerate(after["chosen_k"]["histogram"])])
-                        policy_share[name].append(round((sum(after["policy_seconds"].values())
-                                                         - sum(before[name]["policy_seconds"].values()))
-                                                        / results[name].seconds, 5))
-                        deciding_share[name].append(round((after["policy_seconds"]["deciding"]
-                                                           - before[name]["policy_seconds"]["deciding"])
-                                                          / results[name].seconds, 5))
+                        spent = {kind: seconds - before[name]["policy_seconds"][kind]
+                                 for kind, seconds in after["policy_seconds"].items()}  # in this run
+                        policy_share[name].append(round(sum(spent.values()) / results[name].seconds, 5))
+                        deciding_share[name].append(round(spent["deciding"] / results[name].seconds, 5))
                     stats = afters["adaptive"]
                     guard_after_runs.append(guard_at_load(stats, n))
                     model_after_runs.append({"cost_model": stats["cost_model"], "acceptance": stats["acceptance"]})
