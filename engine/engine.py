@@ -117,6 +117,7 @@ class LLMEngine:
                                    max_num_batched_tokens=config.max_num_batched_tokens, on_evict=self._evict)
         self.policy = policy or PolicyController(
             PolicySettings(mode=config.speculation, k=config.k, k_max=config.k_max, seed=config.seed))
+        self.policy.set_target_rows(self.runner.linear_rows if self.runner.pads_rows else None)
         self.stats = SpecDecodeStats()
         self.requests: dict[str, Request] = {}
         self._seeds = random.Random(config.seed)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.kv_cache import KVCache
-from engine.models.llama import LlamaModel, build_attention_metadata
+from engine.models.llama import LlamaModel, build_attention_metadata, packed_linears, padded_rows
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,18 @@ class ModelRunner:
         # on an H200 (bf16, bundled target, 30 requests) merged passes of mixed k = 0..4 took 6.1 ms, not 7.4
         # (bench/attention_groups.py), and at 32 code clients adaptive went from 1.04x to 1.10x ``off``.
         self.merge_decodes = device.type == "cuda"
+        self._packed = next(iter(packed_linears(model)), None)  # its row padding is every packed linear's
+
+    @property
+    def pads_rows(self) -> bool:
+        """Whether the model's linears run some row counts padded (a CPU's packed linears, `padded_rows`)."""
+        return self._packed is not None
+
+    def linear_rows(self, num_tokens: int) -> int:
+        """The rows the model's linears run for ``num_tokens`` fed tokens: a step's cost follows these, not the
+        tokens (one token beside 32 runs 36 rows on a CPU)."""
+        packed = self._packed
+        return num_tokens if packed is None else padded_rows(num_tokens, packed.row_padding)
 
     def execute(self, chunks: list[SeqChunk]) -> list[torch.Tensor]:
         """One forward pass; returns per chunk its logits ``[num_logits, vocab]`` (float32).

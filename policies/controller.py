@@ -17,6 +17,7 @@ from typing import Any
 from policies.acceptance import AcceptanceEstimator
 from policies.adaptive import AdaptivePolicy
 from policies.base import BatchView, Decision, RoundOutcome, StepTiming
+from policies.cost_model import RowCount
 from policies.fixed import FixedPolicy, OffPolicy
 from policies.learning import LearnedState, LearningPolicy
 from policies.settings import K_LIMIT, PolicySettings
@@ -39,10 +40,12 @@ class PolicyController:
         self._lock = threading.Lock()
         self._settings = settings or PolicySettings()
         self._pending: PolicySettings | None = None
+        self._target_rows: RowCount | None = None
         self._start_learning()
 
     def _start_learning(self) -> None:
         self._learned = LearnedState(acceptance=AcceptanceEstimator(self._settings))
+        self._learned.cost_model.set_rows(self._target_rows)
         self._policy = build_policy(self._settings, self._learned)
         self._num_steps = 0
         self._num_request_steps = 0
@@ -55,6 +58,13 @@ class PolicyController:
         (the engine calls it after its warm-up, whose first-touch step times would mislead the cost model)."""
         with self._lock:
             self._start_learning()
+
+    def set_target_rows(self, rows: RowCount | None) -> None:
+        """The engine's count of the rows its target's linears run per fed tokens, which the step-cost fit prices
+        (policies/cost_model.py); kept when the controller learns afresh."""
+        with self._lock:
+            self._target_rows = rows
+            self._learned.cost_model.set_rows(rows)
 
     @property
     def name(self) -> str:

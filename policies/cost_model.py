@@ -1,7 +1,13 @@
 """An online model of what one engine step costs, fitted from measured `StepTiming`s.
 
-target step:  seconds = a + b * batch_size + c * num_tokens + g * [the step verifies drafts]
+target step:  seconds = a + b * batch_size + c * rows(num_tokens) + g * [the step verifies drafts]
 draft model:  seconds = f + num_passes * (d + e * num_draft_requests) + h * catch_up_tokens
+
+``rows``: the row count the target's linears run for the tokens fed, as the engine says (`CostModel.rows`): on a
+CPU its packed linears run 17-64 rows rounded up to a multiple of 4 (engine/models/llama.py `padded_rows`), so one
+request verifying a single draft beside 32 plain ones runs 36 rows, not 33. Priced as tokens, that cost c where it
+cost 4c: at 32 code clients, T = 0.7, the plan drafted lone n-gram tokens that made a 13.3 ms step 14.8-16.5 ms
+(g + c predicted 0.7 ms of it), and the goodput guard's probes of that route lost ~1% of the runs they fell in.
 
 The draft runs one sequential forward pass per drafted position for all of its users at once, so its
 time grows with the largest k among them, not with the sum. ``g`` and ``f`` are what a step pays for
@@ -33,7 +39,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -63,6 +70,9 @@ REFIT_BUDGET = 0.002  # after the first steps, refits take at most this share of
 MAX_REFIT_INTERVAL = 128  # ... but one is redone at least this many steps after the last
 REFIT_AVERAGE_WEIGHT = 0.25  # of the newest refit's seconds in their average
 WELL_DETERMINED = 0.05  # max relative error of a coefficient's share of a step for it to count as learned
+PRICE_ROWS = True  # price the target's fed tokens at the rows its linears run (False: as fed; for A/B runs)
+
+RowCount = Callable[[int], int]  # tokens fed to the target -> rows its linears run
 
 
 @dataclass(frozen=True)
@@ -85,9 +95,15 @@ class CostCoefficients:
     f: float = 0.0  # seconds per draft round (any k)
     g: float = 0.0  # seconds a target step adds when it verifies drafts (any k)
     h: float = 0.0  # seconds per token the draft model catches up on
+    rows: RowCount | None = field(default=None, compare=False)  # c is per row of these (None: per token fed)
+
+    def target_rows(self, num_tokens: int) -> int:
+        """The rows the target's linears run for ``num_tokens`` fed tokens, the count ``c`` prices."""
+        return num_tokens if self.rows is None else self.rows(num_tokens)
 
     def target_seconds(self, batch_size: int, num_tokens: int, verifies: bool = False) -> float:
-        return max(MIN_SECONDS, self.a + self.b * batch_size + self.c * num_tokens + (self.g if verifies else 0.0))
+        rows = num_tokens if self.rows is None else self.rows(num_tokens)
+        return max(MIN_SECONDS, self.a + self.b * batch_size + self.c * rows + (self.g if verifies else 0.0))
 
     def draft_seconds(self, plan: DraftPlan | None) -> float:
         if plan is None or plan.num_passes <= 0 or plan.num_requests <= 0:
@@ -347,6 +363,7 @@ class CostModel:
         self._plain_seconds: dict[int, float] = {}  # batch size -> predicted plain step, until the fit changes
         self._sources = ("default", "default")
         self.audit = PredictionAudit()
+        self.rows: RowCount | None = None  # the engine's `RowCount` for its target (None: rows are the tokens fed)
 
     def configure(
         self, verify_override: tuple[float, float, float] | None = None, draft_override: float | None = None
@@ -358,6 +375,13 @@ class CostModel:
         self._effective = None
         self._plain_seconds.clear()
 
+    def set_rows(self, rows: RowCount | None) -> None:
+        """Price the target's fed tokens at the rows its linears run (`RowCount`, the engine's; None: as fed). Set
+        before the steps it is fitted on: each step's row count is taken as it is observed."""
+        self.rows = rows
+        self._fitted = self._effective = None
+        self._plain_seconds.clear()
+
     def observe(self, timing: StepTiming) -> None:
         if (timing.batch_size <= 0 or not math.isfinite(timing.target_seconds) or timing.target_seconds <= 0
                 or timing.num_prefill_tokens):  # it predicts decode/verify steps: prefill chunks would skew its fit
@@ -366,7 +390,7 @@ class CostModel:
         coef = self.coefficients()  # what the plan of this step was priced with
         self.audit.record("verify" if verifies else "plain", timing.batch_size, timing.target_seconds,
                           coef.target_seconds(timing.batch_size, timing.num_tokens, timing.speculative))
-        self._target.add((1.0, timing.batch_size, timing.num_tokens, verifies), timing.target_seconds,
+        self._target.add((1.0, timing.batch_size, coef.target_rows(timing.num_tokens), verifies), timing.target_seconds,
                          plain=not timing.speculative)
         if timing.num_draft_requests > 0 and timing.num_draft_tokens > 0 and timing.draft_seconds > 0:
             passes = timing.num_draft_passes or math.ceil(timing.num_draft_tokens / timing.num_draft_requests)
@@ -435,7 +459,7 @@ class CostModel:
         draft, draft_source = self._draft.fit(draft_default, self._min_observations)
         self._sources = (verify_source, draft_source)
         return CostCoefficients(a=a, b=b, c=c, d=float(draft[1]), e=float(draft[2]), f=float(draft[0]), g=g,
-                                h=float(draft[3]))
+                                h=float(draft[3]), rows=self.rows if PRICE_ROWS else None)
 
     def fit_summary(self) -> dict[str, Any]:
         """JSON-able description of the current fit for operators."""

@@ -31,6 +31,11 @@ what any speculating step pays on top (g, and f + d with a draft-model user), pl
 no price iteration runs. On plans captured from the engine, with the catch-up charged, the tighter bounds
 and this check cut the planner's time from 105 to 63 us at 16 clients and from 133 to 75 us at 32.
 
+The solve prices every drafted token at c, while a plan's step is evaluated at the rows the target's linears run
+(`CostCoefficients.rows`: on a CPU, 17-64 rounded up to a multiple of 4), so a choice whose padding eats its gain is
+no better than the plan it would replace and is not taken: Dinkelbach's iterations stop at the last plan that
+raised the goodput. The bounds above ignore padding as the solve does.
+
 Hysteresis enters as a bonus: a request's previous choice counts its expected tokens times (1 + hysteresis),
 so a new choice must beat it by more than the hysteresis to be taken.
 """
@@ -212,21 +217,24 @@ def _plan_alone(c: Candidate, coeffs: CostCoefficients, base_tokens: int, bonus:
     previous = c.previous
     # `CostCoefficients.step_seconds` at batch 1, spelled out: a `DraftPlan` per option would cost more than the scan
     # (the property test holds the two together)
-    a, f, d, e, h = coeffs.a + coeffs.b + coeffs.c * base_tokens + coeffs.g, coeffs.f, coeffs.d, coeffs.e, coeffs.h
+    a, f, d, e, h = coeffs.a + coeffs.b + coeffs.g, coeffs.f, coeffs.d, coeffs.e, coeffs.h
     best_value, best_k, best_draft = -math.inf, 0, False
     if not speculate or not (c.max_k_draft or c.max_k_ngram):
         plain = bonus if previous is not None and previous[1] == 0 else 1.0
         best_value = plain / coeffs.step_seconds(1, base_tokens)
     ngram = _token_table(c.alpha_ngram, c.max_k_ngram, c.lead_ngram)
+    draft = _token_table(c.alpha_draft, c.max_k_draft, c.lead_draft)
+    # the target's verifying step at each k (its fed tokens priced at the rows they run)
+    target = [max(MIN_SECONDS, a + coeffs.c * coeffs.target_rows(base_tokens + k))
+              for k in range(max(len(ngram), len(draft)))]
     for k in range(1, len(ngram)):
         tokens = ngram[k] * (bonus if previous == (NGRAM, k) else 1.0)
-        value = tokens / max(MIN_SECONDS, a + coeffs.c * k)
+        value = tokens / target[k]
         if value > best_value:
             best_value, best_k = value, k
-    draft = _token_table(c.alpha_draft, c.max_k_draft, c.lead_draft)
     for k in range(1, len(draft)):
         tokens = draft[k] * (bonus if previous == (DRAFT, k) else 1.0)
-        value = tokens / (max(MIN_SECONDS, a + coeffs.c * k) + f + k * (d + e) + h * c.draft_catch_up * draft[k])
+        value = tokens / (target[k] + f + k * (d + e) + h * c.draft_catch_up * draft[k])
         if value > best_value:
             best_value, best_k, best_draft = value, k, True
     if not best_k:

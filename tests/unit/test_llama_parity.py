@@ -384,3 +384,9 @@ def test_row_padding_times_every_count_and_padded_rows_compute_the_same():
         linear.row_padding = (0, 4, 4, 4, 4)
     padded = model(x)  # run at 4 rows, cut back to 2
     assert padded.shape == (2, 24) and torch.allclose(padded, exact, atol=1e-5)
+
+
+def test_a_runner_counts_the_rows_its_linears_run(random_llama_dir):
+    """The step-cost fit prices what the packed linears run (policies/cost_model.py): 33 tokens run 36 rows."""
+    runner = make_runner(random_llama_dir, "slotted")
+    assert runner.pads_rows and [runner.linear_rows(n) for n in (1, 16, 17, 33, 65)] == [1, 16, 20, 36, 72]

@@ -132,3 +132,11 @@ def test_concurrent_updates_while_the_engine_steps() -> None:
         controller.observe_step(StepTiming(4, 4 + sum(d.k for d in decisions), 0.01 + step * 1e-6))
     thread.join()
     assert not errors
+
+
+def test_the_engines_row_count_prices_the_fit_and_outlives_forgetting() -> None:
+    controller = PolicyController()
+    controller.set_target_rows(lambda tokens: -(-tokens // 4) * 4)
+    assert controller.learned.cost_model.coefficients().target_rows(33) == 36
+    controller.forget_learned()
+    assert controller.learned.cost_model.coefficients().target_rows(33) == 36

@@ -379,3 +379,22 @@ def test_many_stalled_first_rounds_are_left_out_too() -> None:
     coef = model.coefficients()
     assert coef.d + coef.e == pytest.approx(per_pass, rel=0.1)
     assert coef.f < 0.1 * per_pass
+
+
+def test_fed_tokens_are_fitted_and_priced_at_the_rows_the_target_runs() -> None:
+    """As a CPU's packed linears run them (engine/models/llama.py `padded_rows`): from 17 rows on, up to a multiple
+    of 4. The engine says so (`CostModel.set_rows`); the fit's c is then per row, and 33 tokens cost 36 rows."""
+    rows = lambda tokens: tokens if tokens <= 16 else -(-tokens // 4) * 4  # noqa: E731
+    rng = random.Random(0)
+    model = CostModel()
+    model.set_rows(rows)
+    for _ in range(400):
+        batch = rng.randint(1, 40)
+        tokens = batch + rng.randint(0, 3) * rng.randint(0, batch)
+        seconds = TRUE["a"] + TRUE["b"] * batch + TRUE["c"] * rows(tokens)
+        model.observe(StepTiming(batch, tokens, seconds * (1.0 + rng.gauss(0, 0.01))))
+    coef = model.coefficients()
+    assert coef.c == pytest.approx(TRUE["c"], rel=0.05)
+    assert model.predict_step(32, 33) - model.predict_step(32, 32) == pytest.approx(4 * coef.c + coef.g)
+    model.set_rows(None)  # as fed
+    assert model.coefficients().target_rows(33) == 33

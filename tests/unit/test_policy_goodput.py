@@ -238,3 +238,29 @@ def test_a_plan_that_must_draft_keeps_gains_too_small_for_a_sum_near_1e9() -> No
     request = Candidate(alpha_draft=0.0625, max_k_draft=6, alpha_ngram=0.5, max_k_ngram=0)
     free = CostCoefficients(a=0.0078125, b=0.0, c=0.0, d=0.0, e=0.0, f=0.0, g=0.0, h=0.0)
     assert plan_batch([request, request], free, speculate=True).ks == (6, 6)
+
+
+def rows_of_four(tokens: int) -> int:
+    """A CPU's packed linears from 17 rows on: rounded up to a multiple of 4 (engine/models/llama.py)."""
+    return tokens if tokens <= 16 else -(-tokens // 4) * 4
+
+
+def test_a_lone_draft_whose_padded_rows_eat_its_gain_is_not_taken() -> None:
+    """32 plain requests run 32 rows; one drafting a token beside them runs 36, not 33."""
+    coeffs = CostCoefficients(a=2e-3, b=5e-5, c=3e-4, d=1e-3, e=2e-5)
+    batch = [Candidate(0.1, 0, 0.1, 0)] * 31 + [Candidate(0.1, 0, 0.9, 1)]
+    as_fed = plan_batch(batch, coeffs)
+    assert as_fed.ks[-1] == 1 and as_fed.proposers[-1] == "ngram"  # 0.9 tokens for c: it pays
+    padded = plan_batch(batch, replace(coeffs, rows=rows_of_four))
+    assert set(padded.ks) == {0}  # 0.9 tokens for 4c: it does not
+    assert padded.step_seconds == pytest.approx(coeffs.target_seconds(32, 32))
+
+
+@settings(max_examples=200, deadline=None)
+@given(candidates(8), coefficients, st.integers(0, 20), st.booleans())
+def test_a_batch_of_one_is_the_exact_optimum_at_the_rows_its_tokens_run(
+        alone: Candidate, coeffs: CostCoefficients, prefill: int, speculate: bool) -> None:
+    coeffs = replace(coeffs, rows=lambda tokens: max(4, rows_of_four(tokens)))  # and 1-3 rows run as 4
+    plan = plan_batch([alone], coeffs, prefill, speculate=speculate)
+    assert plan.goodput == pytest.approx(brute_force_goodput([alone], coeffs, prefill, speculate=speculate),
+                                         rel=1e-9)
