@@ -34,7 +34,8 @@ and this check cut the planner's time from 105 to 63 us at 16 clients and from 1
 The solve prices every drafted token at c, while a plan's step is evaluated at the rows the target's linears run
 (`CostCoefficients.rows`: on a CPU, 17-64 rounded up to a multiple of 4), so a choice whose padding eats its gain is
 no better than the plan it would replace and is not taken: Dinkelbach's iterations stop at the last plan that
-raised the goodput. The bounds above ignore padding as the solve does.
+raised the goodput. The bounds above ignore padding as the solve does. Rows a plan's padding runs anyway then take
+drafted tokens of its speculating requests (`_fill_padding`), where that raises the goodput.
 
 Hysteresis enters as a bonus: a request's previous choice counts its expected tokens times (1 + hysteresis),
 so a new choice must beat it by more than the hysteresis to be taken.
@@ -190,6 +191,7 @@ def _plan_jointly(candidates: Sequence[Candidate], coeffs: CostCoefficients, num
         if (tokens + aside_objective) / seconds <= lam * (1.0 + 1e-12):
             break
         lam, choice = (tokens + aside_objective) / seconds, candidate
+    choice = _fill_padding(choice, true, aside_objective, n, base_tokens, coeffs)
     tokens, seconds = _evaluate(choice, true, n, base_tokens, coeffs)
     ks, uses_draft = [0] * n, [False] * n
     for i, k, draft in zip(active, *choice, strict=True):
@@ -400,6 +402,34 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
     if any(ks) and total - lam * coeffs.g < sum(tables.plain):  # speculating does not pay its fixed cost
         return [0] * len(ks), [False] * len(ks)
     return ks, uses_draft
+
+
+def _fill_padding(choice: Choice, tables: _Tables, aside: float, batch_size: int, base_tokens: int,
+                  coeffs: CostCoefficients) -> Choice:
+    """The choice with the rows the target's linears run beyond its fed tokens (their padding, `CostCoefficients.rows`)
+    fed drafted tokens instead, where that raises the predicted goodput (``aside``: the set-aside requests' tokens).
+    Each padded row goes to the speculating request whose next token is worth most, within its cap and, for a
+    draft-model user, within the step's draft passes: the solve prices every token at c and does not see rows that
+    cost nothing more."""
+    ks, uses_draft = choice
+    num_tokens = base_tokens + sum(ks)
+    free = coeffs.target_rows(num_tokens) - num_tokens
+    if free <= 0 or not any(ks):
+        return choice
+    passes = max((k for k, draft in zip(ks, uses_draft, strict=True) if draft), default=0)
+    filled = list(ks)
+    for _ in range(free):
+        best, chosen = 0.0, -1
+        for i, (k, draft) in enumerate(zip(filled, uses_draft, strict=True)):
+            table = tables.draft[i] if draft else tables.ngram[i]
+            if k and k + 1 < len(table) and not (draft and k + 1 > passes) and table[k + 1] - table[k] > best:
+                best, chosen = table[k + 1] - table[k], i
+        if chosen < 0:
+            break
+        filled[chosen] += 1
+    tokens, seconds = _evaluate(choice, tables, batch_size, base_tokens, coeffs)
+    filled_tokens, filled_seconds = _evaluate((filled, uses_draft), tables, batch_size, base_tokens, coeffs)
+    return (filled, uses_draft) if (filled_tokens + aside) / filled_seconds > (tokens + aside) / seconds else choice
 
 
 def _evaluate(choice: Choice, tables: _Tables, batch_size: int, base_tokens: int,

@@ -264,3 +264,15 @@ def test_a_batch_of_one_is_the_exact_optimum_at_the_rows_its_tokens_run(
     plan = plan_batch([alone], coeffs, prefill, speculate=speculate)
     assert plan.goodput == pytest.approx(brute_force_goodput([alone], coeffs, prefill, speculate=speculate),
                                          rel=1e-9)
+
+
+def test_rows_a_plan_pads_to_anyway_take_drafted_tokens() -> None:
+    """17 requests drafting one n-gram token each feed 34 tokens, which run 36 rows: two more drafted tokens cost
+    the linears nothing, so the two requests whose next token is worth most draft them."""
+    coeffs = CostCoefficients(a=2e-3, b=5e-5, c=2.85e-4, d=1e-3, e=2e-5, rows=rows_of_four)
+    batch = [Candidate(0.1, 0, 0.7, 3)] * 15 + [Candidate(0.1, 0, 0.75, 3)] * 2
+    as_fed = plan_batch(batch, replace(coeffs, rows=None))
+    assert as_fed.ks == (1,) * 17  # a second token (0.49, 0.56) is worth less than a row's price (~0.66 tokens)
+    plan = plan_batch(batch, coeffs)
+    assert plan.ks == (1,) * 15 + (2, 2) and plan.num_tokens == 36
+    assert plan.goodput > as_fed.expected_tokens / coeffs.step_seconds(17, 34, verifies=True)
