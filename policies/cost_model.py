@@ -472,6 +472,7 @@ class CostModel:
             "num_draft_observations": self._draft.window.count,
             "verify_seconds": {"fixed": coef.a, "per_request": coef.b, "per_token": coef.c,
                                "per_speculating_step": coef.g},
+            "per_token_is_per_row": coef.rows is not None,  # of the target's linears, padded (see the module doc)
             "verify_learned": dict(zip(("fixed", "per_request", "per_token", "per_speculating_step"),
                                        self._target.learned(), strict=True)),
             "draft_seconds": {"per_round": coef.f, "per_pass": coef.d, "per_request_per_pass": coef.e,

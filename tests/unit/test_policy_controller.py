@@ -140,3 +140,4 @@ def test_the_engines_row_count_prices_the_fit_and_outlives_forgetting() -> None:
     assert controller.learned.cost_model.coefficients().target_rows(33) == 36
     controller.forget_learned()
     assert controller.learned.cost_model.coefficients().target_rows(33) == 36
+    assert controller.learned.cost_model.fit_summary()["per_token_is_per_row"]
