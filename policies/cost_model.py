@@ -102,8 +102,8 @@ class CostCoefficients:
         return num_tokens if self.rows is None else self.rows(num_tokens)
 
     def target_seconds(self, batch_size: int, num_tokens: int, verifies: bool = False) -> float:
-        rows = num_tokens if self.rows is None else self.rows(num_tokens)
-        return max(MIN_SECONDS, self.a + self.b * batch_size + self.c * rows + (self.g if verifies else 0.0))
+        return max(MIN_SECONDS, self.a + self.b * batch_size + self.c * self.target_rows(num_tokens)
+                   + (self.g if verifies else 0.0))
 
     def draft_seconds(self, plan: DraftPlan | None) -> float:
         if plan is None or plan.num_passes <= 0 or plan.num_requests <= 0:
@@ -390,8 +390,8 @@ class CostModel:
         coef = self.coefficients()  # what the plan of this step was priced with
         self.audit.record("verify" if verifies else "plain", timing.batch_size, timing.target_seconds,
                           coef.target_seconds(timing.batch_size, timing.num_tokens, timing.speculative))
-        self._target.add((1.0, timing.batch_size, coef.target_rows(timing.num_tokens), verifies), timing.target_seconds,
-                         plain=not timing.speculative)
+        rows = coef.target_rows(timing.num_tokens)
+        self._target.add((1.0, timing.batch_size, rows, verifies), timing.target_seconds, plain=not timing.speculative)
         if timing.num_draft_requests > 0 and timing.num_draft_tokens > 0 and timing.draft_seconds > 0:
             passes = timing.num_draft_passes or math.ceil(timing.num_draft_tokens / timing.num_draft_requests)
             plan = DraftPlan(passes, timing.num_draft_requests, timing.num_draft_catch_up_tokens)
