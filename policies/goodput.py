@@ -191,8 +191,7 @@ def _plan_jointly(candidates: Sequence[Candidate], coeffs: CostCoefficients, num
         if (tokens + aside_objective) / seconds <= lam * (1.0 + 1e-12):
             break
         lam, choice = (tokens + aside_objective) / seconds, candidate
-    choice = _fill_padding(choice, true, aside_objective, n, base_tokens, coeffs)
-    tokens, seconds = _evaluate(choice, true, n, base_tokens, coeffs)
+    choice, (tokens, seconds) = _fill_padding(choice, true, aside_objective, n, base_tokens, coeffs)
     ks, uses_draft = [0] * n, [False] * n
     for i, k, draft in zip(active, *choice, strict=True):
         ks[i], uses_draft[i] = k, draft
@@ -405,17 +404,18 @@ def _solve_for_price(lam: float, tables: _Tables, coeffs: CostCoefficients) -> C
 
 
 def _fill_padding(choice: Choice, tables: _Tables, aside: float, batch_size: int, base_tokens: int,
-                  coeffs: CostCoefficients) -> Choice:
+                  coeffs: CostCoefficients) -> tuple[Choice, tuple[float, float]]:
     """The choice with the rows the target's linears run beyond its fed tokens (their padding, `CostCoefficients.rows`)
-    fed drafted tokens instead, where that raises the predicted goodput (``aside``: the set-aside requests' tokens).
-    Each padded row goes to the speculating request whose next token is worth most, within its cap and, for a
-    draft-model user, within the step's draft passes: the solve prices every token at c and does not see rows that
-    cost nothing more."""
+    fed drafted tokens instead, where that raises the predicted goodput (``aside``: the set-aside requests' tokens),
+    and its `_evaluate`. Each padded row goes to the speculating request whose next token is worth most, within its
+    cap and, for a draft-model user, within the step's draft passes: the solve prices every token at c and does not
+    see rows that cost nothing more."""
+    evaluated = _evaluate(choice, tables, batch_size, base_tokens, coeffs)
     ks, uses_draft = choice
     num_tokens = base_tokens + sum(ks)
     free = coeffs.target_rows(num_tokens) - num_tokens
     if free <= 0 or not any(ks):
-        return choice
+        return choice, evaluated
     passes = max((k for k, draft in zip(ks, uses_draft, strict=True) if draft), default=0)
     filled = list(ks)
     for _ in range(free):
@@ -427,9 +427,11 @@ def _fill_padding(choice: Choice, tables: _Tables, aside: float, batch_size: int
         if chosen < 0:
             break
         filled[chosen] += 1
-    tokens, seconds = _evaluate(choice, tables, batch_size, base_tokens, coeffs)
-    filled_tokens, filled_seconds = _evaluate((filled, uses_draft), tables, batch_size, base_tokens, coeffs)
-    return (filled, uses_draft) if (filled_tokens + aside) / filled_seconds > (tokens + aside) / seconds else choice
+    (tokens, seconds), fill = evaluated, (filled, uses_draft)
+    filled_tokens, filled_seconds = _evaluate(fill, tables, batch_size, base_tokens, coeffs)
+    if (filled_tokens + aside) / filled_seconds > (tokens + aside) / seconds:
+        return fill, (filled_tokens, filled_seconds)
+    return choice, evaluated
 
 
 def _evaluate(choice: Choice, tables: _Tables, batch_size: int, base_tokens: int,
