@@ -16,7 +16,8 @@ paid. The rules below are short; docs/goodput-guard.md records the measurements 
   1 + ``TRIAL_GAIN`` times as fast; paired plain figures strayed by up to 10% for whole runs there. A lost trial is
   a rejection like any. From 3 requests on (`REJECTION_TRIAL_BUCKET`), a figure that reads a loss rejects only on a
   trial too: there a 12-24-step figure can read 0.7-0.98x plain decode where sustained speculation wins by 10-19%.
-  Below 17 requests that trial is won at break-even, and a won one drops the figure (`Trial.rejection`).
+  Below 17 requests that trial is won at break-even (below 9, at half its steps on a clear win), and a won one drops
+  the figure (`Trial.rejection`).
 - Enough steps: no verdict before ``MIN_SPECULATIVE_SAMPLES`` speculative steps; a near miss (from
   ``NEAR_MISS``) rejects only on ``SURE_SAMPLES``.
 - Like with like: speculation is compared with plain decode at its own mix of batch sizes, each of its
@@ -74,7 +75,7 @@ from policies.guard_figures import (
     mix_rate,
     rate_over_plain,
 )
-from policies.guard_trial import REJECTION_TRIAL_BUCKET, TRIAL_BUCKET, Trial
+from policies.guard_trial import EARLY_BUCKET, REJECTION_TRIAL_BUCKET, TRIAL_BUCKET, Trial
 
 MIN_SAMPLES = 3  # plain steps in a bucket before their rate counts
 MEASURE_PLAIN_RATE = 0.1  # chance of a plain step while a bucket's plain rate is still unknown
@@ -379,8 +380,10 @@ class GoodputGuard:
         verdict, ratio = self._judge(*key)
         spec = self._speculative.get(key)
         if spec is not None and not spec.winning and _tried_first(key[0], spec, verdict):
-            trial = spec.trial = spec.trial or Trial(  # policies/guard_trial.py
-                rejection=verdict == "decode plainly" and key[0] < TRIAL_BUCKET)
+            if spec.trial is None:  # policies/guard_trial.py
+                rejection = verdict == "decode plainly" and key[0] < TRIAL_BUCKET
+                spec.trial = Trial(rejection=rejection, early_win=rejection and key[0] < EARLY_BUCKET)
+            trial = spec.trial
             if not trial.done:
                 if not measured:
                     return "rejected", verdict

@@ -35,7 +35,7 @@ from policies.guard import (
     GoodputGuard,
 )
 from policies.guard_figures import batch_bucket, measures_step
-from policies.guard_trial import TRIAL_STEPS, TRIAL_WINDOW, Trial
+from policies.guard_trial import EARLY_BUCKET, EARLY_STEPS, EARLY_WIN, TRIAL_STEPS, TRIAL_WINDOW, Trial
 from policies.simulate import SimCost, simulate
 
 SAMPLES = MIN_SPECULATIVE_SAMPLES  # steps of each arm the tests feed before asking for a verdict
@@ -180,14 +180,19 @@ def test_from_3_requests_a_figure_that_reads_a_loss_rejects_only_on_a_trial(
     """A 12-step figure read 0.71x plain decode where sustained speculation ran 1.10x `off` (16 requests), a 24-step one
     0.98x where it ran 1.19x (8 requests), and the rejections stood for runs: there the arms run in turns before
     speculation is rejected, and a trial it wins takes it up: below 17 requests from break-even (1.0125x here), from
-    17 on, where a won trial is a take-up, from 1 + ``TRIAL_GAIN``."""
+    17 on, where a won trial is a take-up, from 1 + ``TRIAL_GAIN``. Below 9 requests a trial that reads a clear win
+    (1.15x) at ``EARLY_STEPS`` an arm is won there; at 9-16 (1.125x) it runs its ``TRIAL_STEPS``, as it does where
+    the win is not clear."""
     guard = GoodputGuard()
     rng = random.Random(0)
     for _ in range(SAMPLES):
         guard.observe(step(batch, False, batch, 0.010))
         guard.observe(step(batch, True, batch * 0.7, 0.010))  # the figure reads a 30% loss
     arms = run_trial(guard, batch, step(batch, True, spec_tokens, 0.010), step(batch, False, batch, 0.010))
-    assert arms == [i // TRIAL_WINDOW % 2 == 1 for i in range(2 * TRIAL_STEPS)]
+    early = batch_bucket(batch) < EARLY_BUCKET and spec_tokens >= batch * (1.0 + EARLY_WIN)
+    trial_steps = EARLY_STEPS if early else TRIAL_STEPS
+    windows = [i // TRIAL_WINDOW % 2 == 1 for i in range(2 * trial_steps)]
+    assert arms == windows + [True] * (2 * (TRIAL_STEPS - trial_steps))  # a won trial: speculation goes on
     verdicts = ["draft" in guard.allowed_proposers(batch, 0.0, rng, 0.0) for _ in range(50)]
     assert verdicts == [taken_up] * 50
     for _ in range(SAMPLES):  # a figure below 3 requests still rejects alone
