@@ -11,8 +11,9 @@ the tokens the plain window decoded, the cost model's price of those is taken of
 From 3 requests on, a figure that reads a loss is tried the same way before it rejects speculation: a false rejection
 stands for long (its probes come the rarer the more it lost), and a trial where speculation does lose costs about half
 its speculative steps' loss, once per measurement that rejects. Where the rejection is false, the trial's plain windows
-cost what speculation gains: at 3-8 requests, where that is 15-25%, a trial that reads a clear win at half its steps is
-won there (``EARLY_WIN``); lockstep beside full trials, adaptive ran 1.01-1.04x faster at 4-8 clients (s89).
+cost what speculation gains: at 3-8 requests, where that is 15-25%, a trial that reads a clear win from half its steps
+on is won then (``EARLY_WIN``); lockstep beside full trials, adaptive ran 1.010x as fast at 4-8 clients (geomean of
+13 cells' paired medians, s89).
 
 Prompts that join steps are most of a step's seconds at 32 code clients, and how many join a window is luck: so the
 trial fits each arm's step seconds at no prompt tokens, with a slope per prompt token shared by both arms
@@ -36,10 +37,10 @@ TRIAL_WINDOW = 4  # steps in a row per arm: the draft model catches up once a wi
 TRIAL_STEPS = 32  # measured steps per arm before the trial's verdict
 TRIAL_GAIN = 0.025  # speculation's arm must beat the plain one by this much: a trial's ratio is noisy too
 # (but below ``TRIAL_BUCKET`` a rejection's trial is won at break-even, see `Trial.rejection`)
-# below this bucket (3-8 requests), a rejection's trial that reads 1 + ``EARLY_WIN`` after ``EARLY_STEPS`` steps an arm
-# is won then. There speculation gains 15-25% on a CPU, and the plain windows of a trial of a false rejection cost that.
-# At 9-16 requests, where it gains 3-9%, a trial reads so clear a win mostly by noise: early wins there read 0.985-1.01x
-# full trials in lockstep (s89), and trials run their length
+# below this bucket (3-8 requests), a rejection's trial that reads 1 + ``EARLY_WIN`` once it has ``EARLY_STEPS`` steps
+# an arm is won then. There speculation gains 15-25% on a CPU, and the plain windows of a trial of a false rejection
+# cost that. At 9-16 requests, where it gains 3-9%, a trial reads so clear a win mostly by noise: early wins there read
+# 0.985-1.012x full trials in lockstep (s89), and trials run their length
 EARLY_BUCKET = 4
 EARLY_STEPS = TRIAL_STEPS // 2
 EARLY_WIN = 0.1  # about two deviations of a 16-step trial's ratio
@@ -77,8 +78,8 @@ class Trial:
     ``rejection``: the trial of a figure that read a loss, below ``TRIAL_BUCKET``. There speculation is taken up
     without a trial, and such a trial is won at break-even, not at 1 + ``TRIAL_GAIN``: at 16 prose requests two
     trials read 1.024x and 0.967x where fixed draft k = 2 ran 1.07x and 1.09x `off`, and each kept the rejection it
-    confirmed for three runs (docs/goodput-guard.md, s82); below 9 requests, one that reads 1 + ``EARLY_WIN`` after
-    ``EARLY_STEPS`` steps an arm is won then (``early_win``). From 17 requests on a rejection's trial, won, is a
+    confirmed for three runs (docs/goodput-guard.md, s82); below 9 requests, one that reads 1 + ``EARLY_WIN`` from
+    ``EARLY_STEPS`` steps an arm on is won then (``early_win``). From 17 requests on a rejection's trial, won, is a
     take-up: its bar and length stay.
     """
 
