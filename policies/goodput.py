@@ -427,10 +427,12 @@ def _fill_padding(choice: Choice, tables: _Tables, aside: float, batch_size: int
         if chosen < 0:
             break
         filled[chosen] += 1
-    (tokens, seconds), fill = evaluated, (filled, uses_draft)
-    filled_tokens, filled_seconds = _evaluate(fill, tables, batch_size, base_tokens, coeffs)
+    if filled == ks:  # no request could take a row: nothing to weigh
+        return choice, evaluated
+    tokens, seconds = evaluated
+    filled_tokens, filled_seconds = _evaluate((filled, uses_draft), tables, batch_size, base_tokens, coeffs)
     if (filled_tokens + aside) / filled_seconds > (tokens + aside) / seconds:
-        return fill, (filled_tokens, filled_seconds)
+        return (filled, uses_draft), (filled_tokens, filled_seconds)
     return choice, evaluated
 
 
