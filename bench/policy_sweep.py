@@ -162,6 +162,7 @@ def main() -> None:
                 cell = {"workload": workload, "temperature": temperature, "concurrency": n}
                 runs: dict[str, list[RunResult]] = {name: [] for name in policies}
                 chosen_k: dict[str, list[list[int]]] = {name: [] for name in policies}
+                plain_causes: dict[str, list[dict[str, int]]] = {name: [] for name in policies}
                 policy_share: dict[str, list[float]] = {name: [] for name in policies}  # of each run's seconds
                 deciding_share: dict[str, list[float]] = {name: [] for name in policies}  # its `decide` alone
                 guard_after_runs: list[list[dict]] = []  # the adaptive policy's guard at the cell's load, per run
@@ -176,6 +177,9 @@ def main() -> None:
                         start = before[name]["chosen_k"]["histogram"]
                         chosen_k[name].append([count - (start[k] if k < len(start) else 0)
                                                for k, count in enumerate(after["chosen_k"]["histogram"])])
+                        causes = before[name]["chosen_k"]["plain_by_cause"]
+                        plain_causes[name].append({cause: count - causes.get(cause, 0) for cause, count
+                                                   in after["chosen_k"]["plain_by_cause"].items()})
                         spent = {kind: seconds - before[name]["policy_seconds"][kind]
                                  for kind, seconds in after["policy_seconds"].items()}  # in this run
                         policy_share[name].append(round(sum(spent.values()) / results[name].seconds, 5))
@@ -197,6 +201,8 @@ def main() -> None:
                                  "warmup_tok_s": [round(run.tokens_per_s, 1) for run in warmups[name]],
                                  # request-steps per chosen k (0 = plain), warm-up runs first
                                  "chosen_k": chosen_k[name],
+                                 # plain request-steps by cause (policies/controller.py), warm-up runs first
+                                 "plain_by_cause": plain_causes[name],
                                  # the policy's own work (deciding, learning) over the run's seconds, warm-ups first
                                  "policy_share": policy_share[name],
                                  # of which choosing k (``decide``): the adaptive policy's plans run right after the
@@ -219,6 +225,8 @@ def main() -> None:
                 print("  policy work, share of each run (median): " + ", ".join(
                     f"{name} {statistics.median(shares[args.warmup:]):.2%}" for name, shares in policy_share.items()),
                     flush=True)
+                print("  adaptive's plain request-steps by cause, timed runs: " + plain_share(
+                    plain_causes["adaptive"][args.warmup:], chosen_k["adaptive"][args.warmup:]), flush=True)
     print(table(rows, ["workload", "temperature", "concurrency", "policy", "tok_s", "tpot_ms", "vs_off", "acceptance"]))
     twin_columns = ["twin_vs_best_fixed", "twin_vs_original", "off_twin_vs_off"] if args.twin else []
     print(table(summary, ["workload", "temperature", "concurrency", "best_fixed", "adaptive_vs_best_fixed",
@@ -248,6 +256,18 @@ def main() -> None:
 
 # per (dtype, device, draft quantization): the engine whose weights sweep engines read
 _WEIGHTS: dict[tuple[str, str, str], LLMEngine] = {}
+
+
+def plain_share(causes: list[dict[str, int]], chosen_k: list[list[int]]) -> str:
+    """Plain request-steps by cause (policies/controller.py ``plain_by_cause``) as shares of all request-steps, summed
+    over runs: where adaptive decoded plainly and why, at a glance in a sweep's log."""
+    total = sum(sum(histogram) for histogram in chosen_k)
+    summed: dict[str, int] = {}
+    for run in causes:
+        for cause, count in run.items():
+            summed[cause] = summed.get(cause, 0) + count
+    return ", ".join(f"{cause} {count / total:.1%}" for cause, count in sorted(summed.items(), key=lambda kv: -kv[1])
+                     if count) or "none"
 
 
 def make_engines(policies: dict[str, dict], dtype: str, device: str,

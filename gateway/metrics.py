@@ -43,6 +43,7 @@ class EngineCollector(Collector):
         yield from self._gauges(stats)
         yield from self._spec_counters(stats)
         yield from self._cost_audit(stats)
+        yield from self._plain_causes(stats)
 
     @staticmethod
     def _gauges(stats: dict) -> Iterator[Metric]:
@@ -87,6 +88,21 @@ class EngineCollector(Collector):
                 low, high = bucket["batch_sizes"]
                 ratio.add_metric([kind, f"{low}-{high}"], bucket["measured_over_predicted"])
         yield ratio
+
+
+    @staticmethod
+    def _plain_causes(stats: dict) -> Iterator[Metric]:
+        """Why request-steps decoded plainly (policies/controller.py `plain_by_cause`): where speculation is on but
+        does not run, the cause tells an operator whether the policy judged it not to pay or measured that."""
+        plain = CounterMetricFamily(
+            ENGINE_PREFIX + "policy_plain_request_steps",
+            "Request-steps decoded without speculation, by cause (capped, request, off, load_limit, no_proposal,"
+            " plan, plain_streak, guard_rejected, guard_probe, guard_trial, guard_joining).",
+            labels=["cause"],
+        )
+        for cause, count in stats.get("policy", {}).get("chosen_k", {}).get("plain_by_cause", {}).items():
+            plain.add_metric([cause], count)
+        yield plain
 
 
 class GatewayMetrics:

@@ -362,7 +362,8 @@ class FakeEngine:
                        "cost_model": {"prediction_audit": {
                            "plain": [{"batch_sizes": [5, 8], "measured_over_predicted": 1.0, "steps": 40}],
                            "verify": [{"batch_sizes": [5, 8], "measured_over_predicted": 1.12, "steps": 30}],
-                           "draft": []}}},
+                           "draft": []}},
+                       "chosen_k": {"plain_by_cause": {"capped": self.num_drafts, "plan": 3}}},
         }
 
     def policy_settings(self) -> dict:

@@ -127,6 +127,7 @@ class AdaptivePolicy(LearningPolicy):
         if self.over_load_limit(batch.load):
             for view in requests:
                 self._previous[view.request_id] = ("draft", 0)
+            self.plain_cause = "load_limit"
             return [PLAIN] * len(requests)
         self.batch_temperature = sum(view.temperature for view in requests) / len(requests)
         regime = (batch_bucket(batch.load), temperature_bucket(self.batch_temperature))
@@ -134,6 +135,7 @@ class AdaptivePolicy(LearningPolicy):
         sampled = streak >= PLAIN_STREAK and not self.guard.probing(batch.load, self.batch_temperature)
         if sampled and self._rng.random() >= REPLAN_RATE:
             self.last_plan = None
+            self.plain_cause = "plain_streak"
             return self._with_named_proposers(requests, [PLAIN] * len(requests))
         # asked before planning: where speculation measurably loses, planning is waste. The guard judges by load,
         # not by this step's decodes: while a batch ramps up, its steps would otherwise speculate with the
@@ -143,9 +145,11 @@ class AdaptivePolicy(LearningPolicy):
                                           probe_boost=1.0 / REPLAN_RATE if sampled else 1.0)
         if not allowed:  # a plain step like an all-plain plan: it extends the streak (see the module docstring)
             self.last_plan = None
+            self.plain_cause = "guard_" + self.guard.plain_reason
             self._plain_streak[regime] = streak + 1
             return self._with_named_proposers(requests, [PLAIN] * len(requests))
         made_for = (regime, allowed, measured)
+        self.plain_cause = "plan"
         held = self._held
         if held is not None and held.steps_left and held.made_for == made_for:
             held.steps_left -= 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +52,7 @@ class PolicyController:
         self._num_request_steps = 0
         self._k_counts = [0] * (K_LIMIT + 1)
         self._proposer_counts = {"draft": 0, "ngram": 0}
+        self._plain_causes: Counter[str] = Counter()  # plain request-steps by why they decoded plainly (`decide`)
         self._seconds = {"deciding": 0.0, "learning": 0.0}  # the policy's own work, on the engine's thread
 
     def forget_learned(self) -> None:
@@ -127,11 +129,23 @@ class PolicyController:
             self._num_steps += 1
             self._num_request_steps += len(decisions)
             speculative = [decision for decision in decisions if decision.k > 0]
+            if len(speculative) < len(decisions):
+                self._count_plain(batch, decisions)
             self._k_counts[0] += len(decisions) - len(speculative)
             for decision in speculative:
                 self._k_counts[min(decision.k, K_LIMIT)] += 1
                 self._proposer_counts[decision.proposer] += 1
             return decisions
+
+    def _count_plain(self, batch: BatchView, decisions: list[Decision]) -> None:
+        """Count each plain decision under why it is plain: the engine's cap left no room (``capped``: max_tokens,
+        the sequence length, the request's own max_k), the request asked for plain decode (``request``), or what
+        the policy says of its step (`LearningPolicy.plain_cause`)."""
+        cause = self._policy.plain_cause
+        for view, decision in zip(batch.requests, decisions, strict=True):
+            if decision.k == 0:
+                self._plain_causes[
+                    "capped" if view.max_k == 0 else "request" if view.override_mode == "off" else cause] += 1
 
     def observe(self, outcome: RoundOutcome) -> None:
         with self._lock:
@@ -175,6 +189,10 @@ class PolicyController:
                     "histogram": self._k_counts[: top + 1],
                     "num_request_steps": self._num_request_steps,
                     "plain_decode_fraction": num_plain / self._num_request_steps if self._num_request_steps else None,
+                    # plain request-steps by cause: capped, request, off, load_limit, no_proposal (fixed), plan,
+                    # plain_streak (plans sampled where plain decode kept winning), guard_rejected, guard_probe,
+                    # guard_trial, guard_joining (adaptive; policies/guard.py)
+                    "plain_by_cause": dict(self._plain_causes),
                     "by_proposer": dict(self._proposer_counts),
                     "reused_plan_steps": self._policy.num_reused_plans,  # adaptive: steps that reused a plan
                     "k_probe_steps": self._policy.num_k_probes,  # adaptive: steps that drafted one token more

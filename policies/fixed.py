@@ -17,6 +17,7 @@ class OffPolicy(LearningPolicy):
     """Plain decode for everyone, whatever the requests ask for (the operator's kill switch)."""
 
     name = "off"
+    plain_cause = "off"
 
     def decide(self, batch: BatchView) -> list[Decision]:
         return [PLAIN] * len(batch.requests)
@@ -42,7 +43,9 @@ class FixedPolicy(LearningPolicy):
 
     def decide(self, batch: BatchView) -> list[Decision]:
         if self.over_load_limit(batch.load):
+            self.plain_cause = "load_limit"
             return [PLAIN] * len(batch.requests)
+        self.plain_cause = "no_proposal"  # its proposer has nothing to offer the request (no n-gram match)
         return [self._decide_one(view) for view in batch.requests]
 
     def _decide_one(self, view: RequestView) -> Decision:

@@ -129,6 +129,8 @@ class GoodputGuard:
         self._joining_at: dict[int, float] = {}  # per batch-size bucket: the clock at its latest joining-cost sample
         # the step a trial routed: (its figure's key, whether it was the speculative arm's)
         self._trial_step: tuple[tuple[int, int, str], bool] | None = None
+        # why `allowed_proposers` last allowed none (for operators' stats): joining | trial | probe | rejected
+        self.plain_reason = "rejected"
 
     def observe(self, timing: StepTiming, temperature: float = 0.0) -> None:
         """Record one step with decodes (and perhaps prompts joining); speculative iff it fed drafts to the target.
@@ -284,11 +286,13 @@ class GoodputGuard:
         # what prompts add is measured at the bucket of the step's decodes, ``batch_size`` less the joining requests
         joining_cost = self._joining.get(batch_bucket(batch_size - joining)) if joining else None
         if measured and joining and (joining_cost is None or joining_cost.samples < MIN_SAMPLES):
+            self.plain_reason = "joining"
             return NO_PROPOSERS  # what joining prompts cost a plain step here is unknown: measure it
         # a plain probe measures plain decode on a step without joining prompts, or what they cost once that is old
         probe_lands = not joining or self._is_old(self._joining_at, batch_bucket(batch_size - joining))
         draft, draft_verdict = self._route_decision((*key, "draft"), rng, probe_rate, measured, probe_lands)
         if draft == "plain":
+            self.plain_reason = self._plain_step_reason()
             return NO_PROPOSERS
         if draft == "speculate":
             # The draft route is not known to win here: it is untried, or being measured. The plan may still
@@ -302,7 +306,14 @@ class GoodputGuard:
                 self._trial_step = None  # the n-gram route's trial did not route this step: the draft route did
             return ALL_PROPOSERS
         ngram, _ = self._route_decision((*key, "ngram"), rng, probe_rate, measured, probe_lands)
-        return NGRAM_ONLY if ngram == "speculate" else NO_PROPOSERS
+        if ngram == "speculate":
+            return NGRAM_ONLY
+        self.plain_reason = self._plain_step_reason() if ngram == "plain" else "rejected"
+        return NO_PROPOSERS
+
+    def _plain_step_reason(self) -> str:
+        """Why a route made this step a deliberate plain one: a trial's plain window, or a plain probe."""
+        return "trial" if self._trial_step is not None and not self._trial_step[1] else "probe"
 
     def probing(self, batch_size: int, temperature: float) -> bool:
         """Whether a probe burst of rejected speculation, or a trial, is under way at this batch size and

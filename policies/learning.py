@@ -44,6 +44,9 @@ class LearningPolicy:
     name = "learning"
     num_reused_plans = 0  # steps that reused an earlier step's plan instead of planning (the adaptive policy's)
     num_k_probes = 0  # planned steps whose speculating requests drafted one token more than planned (adaptive)
+    # why the last decided step's plain requests decode plainly, where the policy chose it (the controller counts it
+    # per plain request-step, for operators; see `PolicyController.decide`)
+    plain_cause = "policy"
 
     def __init__(self, settings: PolicySettings | None = None, learned: LearnedState | None = None) -> None:
         self.settings = settings or PolicySettings()

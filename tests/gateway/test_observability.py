@@ -95,6 +95,9 @@ async def test_metrics_exposition(client: httpx.AsyncClient, engine: FakeEngine)
     assert value(m, ratio, kind="plain", batch_sizes="5-8") == 1.0
     assert value(m, ratio, kind="verify", batch_sizes="5-8") == 1.12
     assert {s.labels["kind"] for s in m[ratio]} == {"plain", "verify"}
+    # why request-steps decoded plainly
+    assert value(m, "specserve:policy_plain_request_steps_total", cause="capped") == engine.num_drafts
+    assert value(m, "specserve:policy_plain_request_steps_total", cause="plan") == 3
 
 
 async def test_kv_usage_gauge_reads_the_engine(client: httpx.AsyncClient, engine: FakeEngine) -> None:

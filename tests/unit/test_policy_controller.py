@@ -29,6 +29,21 @@ def test_build_policy(mode: str, cls: type) -> None:
     assert isinstance(build_policy(PolicySettings(mode=mode)), cls)
 
 
+def test_plain_request_steps_are_counted_by_cause() -> None:
+    """A request the engine capped at k = 0, one that asked for plain decode, and what the policy says of the rest:
+    fixed n-gram lookups without a match, the operator's load limit, mode ``off``."""
+    views = (RequestView("capped", 0.0, 0, 0, 3), RequestView("asks", 0.0, 0, 8, 3, override_mode="off"),
+             RequestView("no match", 0.0, 0, 8, 0), RequestView("drafts", 0.0, 0, 8, 3))
+    controller = PolicyController(PolicySettings(mode="ngram", k=2))
+    assert [d.k for d in controller.decide(BatchView(views))] == [0, 0, 0, 2]
+    controller.update({"max_batch_for_speculation": 3})
+    controller.decide(BatchView(views))
+    controller.update({"mode": "off"})
+    controller.decide(BatchView(views))
+    assert controller.stats()["chosen_k"]["plain_by_cause"] == {
+        "capped": 3, "request": 3, "no_proposal": 1, "load_limit": 2, "off": 2}
+
+
 def test_update_is_staged_until_applied() -> None:
     controller = PolicyController(PolicySettings(mode="draft", k=2))
     staged = controller.update({"k": 3})

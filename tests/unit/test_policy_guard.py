@@ -201,6 +201,27 @@ def test_from_3_requests_a_figure_that_reads_a_loss_rejects_only_on_a_trial(
     assert not any("draft" in guard.allowed_proposers(2, 0.0, rng, 0.0) for _ in range(50))
 
 
+def test_the_guard_says_why_it_allowed_no_proposer() -> None:
+    """For operators' stats (`PolicyController`'s ``plain_by_cause``): a trial's plain window, a plain probe, or
+    speculation that lost on both routes."""
+    guard = GoodputGuard()
+    rng = random.Random(0)
+    for _ in range(SAMPLES):
+        guard.observe(step(8, False, 8, 0.010))
+        guard.observe(step(8, True, 5.6, 0.010))  # a loss at 5-8 requests is tried before it rejects
+    assert not guard.allowed_proposers(8, 0.0, rng, 0.0) and guard.plain_reason == "trial"  # its plain window first
+    for _ in range(SAMPLES):  # below 3 requests a loss rejects alone; both routes lose here
+        guard.observe(step(2, False, 2, 0.010))
+        guard.observe(step(2, True, 1.4, 0.010))
+        guard.observe(step(2, True, 1.4, 0.010, route="ngram"))
+    assert not guard.allowed_proposers(2, 0.0, rng, 0.0) and guard.plain_reason == "rejected"
+    for _ in range(SAMPLES):  # a win at 1 request, probed by plain steps at the probe rate
+        guard.observe(step(1, False, 1, 0.010))
+        guard.observe(step(1, True, 2, 0.010))
+    reasons = {guard.plain_reason for _ in range(200) if not guard.allowed_proposers(1, 0.0, rng, 1.0)}
+    assert reasons == {"probe"}
+
+
 def guard_with_a_losing_figure() -> tuple[GoodputGuard, tuple[int, int, str]]:
     """A guard whose draft-route figure at 16 requests, T = 0, reads a 30% loss (its trial not begun), and the key."""
     guard = GoodputGuard()
@@ -335,6 +356,9 @@ def test_adaptive_policy_decodes_plainly_where_speculation_measured_slower() -> 
         policy.observe_step(step(8, False, 8, 0.010))
         policy.observe_step(step(8, True, 10, 0.020))
     assert all(d.k == 0 for _ in range(20) for d in policy.decide(BatchView(views)))
+    # for operators' stats (`PolicyController`'s ``plain_by_cause``): at 5-8 requests a loss is tried before it
+    # rejects, and these are the trial's plain windows
+    assert policy.plain_cause == "guard_trial"
     off_guard = AdaptivePolicy(PolicySettings(goodput_guard=False, verify_cost_coefficients=CHEAP_TOKENS),
                                policy.learned)
     assert any(d.k for d in off_guard.decide(BatchView(views)))
@@ -396,6 +420,7 @@ def test_steps_prompts_join_decode_plainly_until_what_joining_costs_is_measured(
         guard.observe(step(24, True, 60, 0.050))  # speculation wins clearly
     rng = random.Random(0)
     assert not any(guard.allowed_proposers(24, 0.0, rng, 0.0, joining=1) for _ in range(100))
+    assert guard.plain_reason == "joining"
     assert all(guard.allowed_proposers(24, 0.0, rng, 0.0) for _ in range(100))  # steps no prompt joins speculate
     for _ in range(MIN_SAMPLES - 1):
         guard.observe(joining(step(24, False, 24, 0.070), 1))

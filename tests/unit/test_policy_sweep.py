@@ -7,7 +7,16 @@ from types import SimpleNamespace
 import pytest
 
 from bench.common import RunResult
-from bench.policy_sweep import OFF_TWIN, TWIN, TWIN_OF, VARIANTS, audit_at_load, rotate_policies, summarize_cell
+from bench.policy_sweep import (
+    OFF_TWIN,
+    TWIN,
+    TWIN_OF,
+    VARIANTS,
+    audit_at_load,
+    plain_share,
+    rotate_policies,
+    summarize_cell,
+)
 
 
 def runs(*rates: float) -> list[RunResult]:
@@ -63,3 +72,9 @@ def test_the_audit_line_shows_the_cells_batch_sizes_only() -> None:
              "verify": [{"batch_sizes": [5, 8], "measured_over_predicted": 1.234, "steps": 40}], "draft": []}
     assert audit_at_load(audit, 8) == "plain 5-8: 1.01 (90 steps); verify 5-8: 1.23 (40 steps)"
     assert audit_at_load(audit, 32) == "none"
+
+
+def test_the_plain_line_shares_each_cause_over_all_request_steps_of_the_runs() -> None:
+    causes = [{"guard_probe": 6, "capped": 2}, {"guard_probe": 2, "capped": 2, "plan": 0}]
+    assert plain_share(causes, [[10, 40, 50], [4, 46, 50]]) == "guard_probe 4.0%, capped 2.0%"
+    assert plain_share([{}], [[0, 10]]) == "none"
