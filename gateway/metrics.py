@@ -89,7 +89,6 @@ class EngineCollector(Collector):
                 ratio.add_metric([kind, f"{low}-{high}"], bucket["measured_over_predicted"])
         yield ratio
 
-
     @staticmethod
     def _plain_causes(stats: dict) -> Iterator[Metric]:
         """Why request-steps decoded plainly (policies/controller.py `plain_by_cause`): where speculation is on but
