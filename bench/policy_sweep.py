@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+from collections import Counter
 from collections.abc import Iterator
 
 import torch
@@ -177,9 +178,8 @@ def main() -> None:
                         start = before[name]["chosen_k"]["histogram"]
                         chosen_k[name].append([count - (start[k] if k < len(start) else 0)
                                                for k, count in enumerate(after["chosen_k"]["histogram"])])
-                        causes = before[name]["chosen_k"]["plain_by_cause"]
-                        plain_causes[name].append({cause: count - causes.get(cause, 0) for cause, count
-                                                   in after["chosen_k"]["plain_by_cause"].items()})
+                        plain_causes[name].append(dict(Counter(after["chosen_k"]["plain_by_cause"])
+                                                       - Counter(before[name]["chosen_k"]["plain_by_cause"])))
                         spent = {kind: seconds - before[name]["policy_seconds"][kind]
                                  for kind, seconds in after["policy_seconds"].items()}  # in this run
                         policy_share[name].append(round(sum(spent.values()) / results[name].seconds, 5))
@@ -262,12 +262,8 @@ def plain_share(causes: list[dict[str, int]], chosen_k: list[list[int]]) -> str:
     """Plain request-steps by cause (policies/controller.py ``plain_by_cause``) as shares of all request-steps, summed
     over runs: where adaptive decoded plainly and why, at a glance in a sweep's log."""
     total = sum(sum(histogram) for histogram in chosen_k)
-    summed: dict[str, int] = {}
-    for run in causes:
-        for cause, count in run.items():
-            summed[cause] = summed.get(cause, 0) + count
-    return ", ".join(f"{cause} {count / total:.1%}" for cause, count in sorted(summed.items(), key=lambda kv: -kv[1])
-                     if count) or "none"
+    summed = sum(map(Counter, causes), Counter())  # adding Counters drops the causes that counted nothing
+    return ", ".join(f"{cause} {count / total:.1%}" for cause, count in summed.most_common()) or "none"
 
 
 def make_engines(policies: dict[str, dict], dtype: str, device: str,
